@@ -1,0 +1,79 @@
+"""The ``prorl-bench`` command: a thin Hydra entry point around ``trainer.train``.
+
+Kept in an importable module (the joblib launcher pickles the task function). Each job:
+validates its config, writes the resolved config, pins torch threads, trains, and writes
+``summary.json`` — with ``status: failed`` and the error text if anything raised.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from prorl_bench.config import ConfigError, register_configs, to_config
+from prorl_bench.outputs import RESOLVED_CONFIG, RunWriter, atomic_write_text
+
+register_configs()
+
+# conf/ lives at the repository top level (DESIGN layout); an absolute path keeps Hydra from
+# resolving it as a Python module relative to this package.
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def failed_summary(error: BaseException) -> dict[str, Any]:
+    return {
+        "status": "failed",
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+    }
+
+
+def run(cfg: DictConfig) -> float:
+    """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers)."""
+    from prorl_bench.trainer import train  # keeps `--help` and config errors fast
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    writer = None
+    try:
+        atomic_write_text(run_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
+        conf = to_config(cfg)
+        threads = conf.hardware.torch_threads or (1 if multirun else (os.cpu_count() or 1))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        cache = Path(conf.warmup.cache_dir)
+        if not cache.is_absolute():
+            cache = Path(hydra.utils.get_original_cwd()) / cache
+        summary = train(conf, run_dir, cache, threads=threads, progress=conf.progress and not multirun)
+    except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
+        writer = RunWriter(run_dir)
+        writer.summary(failed_summary(e))
+        writer.close()
+        if isinstance(e, ConfigError) and not multirun:
+            print(f"prorl-bench: config error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    print(
+        f"[prorl-bench] {run_dir}: success_rate first10={summary['success_rate/first10']:.3f} "
+        f"last10={summary['success_rate/last10']:.3f}, {summary['time/step_mean'] * 1e3:.1f} ms/step, "
+        f"ref share {summary['time/ref_share']:.1%}"
+    )
+    return float(summary["success_rate/last10"])
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> float:
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The base policy RL starts from: supervised warm-up, cached on disk and shared by a sweep.
+
+ProRL starts RL from an SFT model that already solves its tasks sometimes. We mimic that with a
+teacher-forced warm-up on the task's training split that stops as soon as the policy's *sampled*
+success rate (at the RL temperature) reaches ``warmup.target_success``. Stopping there leaves RL
+headroom: the base is right sometimes, not always.
+
+The checkpoint is keyed by a hash of everything that determines it (task, model, warm-up settings,
+RL temperature) — not by the RL seed — so every run of a sweep starts from the identical base. A
+file lock makes parallel jobs train it once: the first takes the lock and trains, the others wait
+and load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+from prorl_bench.config import Config
+from prorl_bench.evaluation import evaluate
+from prorl_bench.model import TransformerPolicy
+from prorl_bench.rollout import Rollout, token_logprobs
+from prorl_bench.tasks import CharTokenizer, Problem, Task
+
+BASE_FORMAT = 1  # bump when the warm-up procedure changes, so old caches are not reused
+
+
+class WarmupFailed(RuntimeError):
+    pass
+
+
+def base_key(cfg: Config) -> dict[str, Any]:
+    warm = dataclasses.asdict(cfg.warmup)
+    warm.pop("cache_dir")
+    return json.loads(
+        json.dumps(
+            {
+                "format": BASE_FORMAT,
+                "task": dataclasses.asdict(cfg.task),
+                "model": dataclasses.asdict(cfg.model),
+                "warmup": warm,
+                "temperature": cfg.algo.temperature,
+            },
+            default=lambda e: e.value,
+            sort_keys=True,
+        )
+    )
+
+
+def base_path(cfg: Config, cache_root: Path) -> Path:
+    digest = hashlib.sha256(json.dumps(base_key(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_root) / f"base-{cfg.task.name.value}-{digest}.pt"
+
+
+def teacher_batch(tok: CharTokenizer, problems: list[Problem], device: torch.device) -> Rollout:
+    """Prompt (left-padded) + target + EOS (right-padded), as a Rollout for token_logprobs."""
+    ids, mask = tok.encode_prompts([p.prompt for p in problems])
+    targets = [tok.encode(p.target) + [tok.EOS] for p in problems]
+    width = max(len(t) for t in targets)
+    comp = torch.full((len(problems), width), tok.PAD, dtype=torch.long)
+    for row, t in enumerate(targets):
+        comp[row, : len(t)] = torch.tensor(t)
+    full = torch.cat([ids, comp], 1).to(device)
+    key_mask = torch.cat([mask, torch.ones_like(comp, dtype=torch.bool)], 1).to(device)
+    return Rollout(full, key_mask, ids.shape[1], (comp != tok.PAD).float().to(device))
+
+
+def train_base(
+    cfg: Config, task: Task, tok: CharTokenizer, device: torch.device
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Teacher-forced warm-up until sampled success >= target. Raises WarmupFailed otherwise."""
+    w = cfg.warmup
+    torch.manual_seed(w.seed)
+    rng = random.Random(w.seed)
+    policy = TransformerPolicy(cfg.model, tok.vocab_size).to(device)
+    opt = torch.optim.AdamW(policy.parameters(), lr=w.lr)
+    check = task.sample_train(random.Random(w.seed + 1), w.check_size)
+    gen = torch.Generator(device=device).manual_seed(w.seed)
+    banned = (tok.PAD, tok.BOS)
+    success = 0.0
+    for step in range(1, w.max_steps + 1):
+        batch = teacher_batch(tok, task.sample_train(rng, w.batch_size), device)
+        logp, _ = token_logprobs(policy, batch, 1.0, banned)
+        loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % w.check_every == 0:
+            stats = evaluate(policy, task, tok, check, cfg.algo.temperature, gen, device, greedy_too=False)
+            success = stats["val/success_sampled"]
+            if success >= w.target_success:
+                info = {"warmup_steps": step, "sampled_success": success, "loss": float(loss.detach())}
+                return {k: v.detach().cpu() for k, v in policy.state_dict().items()}, info
+    raise WarmupFailed(
+        f"warm-up did not reach warmup.target_success={w.target_success} within "
+        f"warmup.max_steps={w.max_steps} (last sampled success {success:.3f}); raise "
+        f"warmup.max_steps or warmup.lr, or lower the target"
+    )
+
+
+def load_or_train_base(
+    cfg: Config, task: Task, tok: CharTokenizer, device: torch.device, cache_root: Path
+) -> tuple[TransformerPolicy, dict[str, Any]]:
+    """Return the base policy (trained once per key, then loaded) and its warm-up info."""
+    path = base_path(cfg, cache_root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.exists():
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+            info = {**blob["info"], "cached": True}
+        else:
+            state, info = train_base(cfg, task, tok, device)
+            blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg))}
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save(blob, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            info = {**info, "cached": False}
+    policy = TransformerPolicy(cfg.model, tok.vocab_size)
+    policy.load_state_dict(blob["state_dict"])
+    return policy.to(device), {**info, "path": str(path)}

@@ -1,0 +1,367 @@
+"""Structured configs: the schema every YAML in ``conf/`` is merged into.
+
+Hydra merges ``conf/<group>/<option>.yaml`` into these dataclasses, so
+
+* an unknown option (``variant=Z``) fails in Hydra with the list of available options,
+* a misspelled key (``algo.lrr=1``) fails with "Key 'lrr' not in 'AlgoConfig'",
+* a value outside a closed set (``algo.advantage=foo``) fails with the enum's allowed values,
+* a value out of range fails in ``validate`` below (``__post_init__`` runs when
+  ``OmegaConf.to_object`` builds the dataclasses), naming the key and the allowed range.
+
+All of this happens before any model is built or any step is trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A config value is invalid. The message names the key and what is allowed."""
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class TaskName(str, Enum):
+    reverse_digits = "reverse_digits"
+    parity = "parity"
+    sort_digits = "sort_digits"
+    add = "add"
+    copy = "copy"
+
+
+class RewardKind(str, Enum):
+    exact = "exact"  # 1 if the completion equals the target, else 0
+    partial = "partial"  # fraction of target positions matched (length-normalised)
+
+
+class VariantName(str, Enum):
+    A0 = "A0"  # frozen reference, logprobs recomputed every epoch/minibatch
+    A1 = "A1"  # frozen reference, logprobs computed once per rollout and cached
+    A2 = "A2"  # as A1, into a preallocated buffer reused across steps
+    B = "B"  # no reference model; trust region vs pi_old
+    C = "C"  # A1 + reference resets and an optimizer-state policy
+
+
+class KLName(str, Enum):
+    k1 = "k1"
+    k2 = "k2"
+    k3 = "k3"
+
+
+class KLPlacement(str, Enum):
+    loss = "loss"
+    reward = "reward"
+
+
+class K2Mode(str, Enum):
+    theta_over_ref = "theta_over_ref"
+    ref_over_old = "ref_over_old"
+
+
+class AdvantageName(str, Enum):
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp_baseline = "reinforce_pp_baseline"
+
+
+class LossAgg(str, Enum):
+    token = "token"  # mean over all response tokens of the minibatch
+    sequence = "sequence"  # mean over tokens within a sequence, then over sequences
+
+
+class ModelKind(str, Enum):
+    native = "native"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    auto = "auto"
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass
+class TaskConfig:
+    """A verifiable sequence task. Lengths count input symbols (digits or bits)."""
+
+    name: TaskName = TaskName.reverse_digits
+    min_len: int = 3
+    max_len: int = 5
+    reward: RewardKind = RewardKind.exact
+    val_size: int = 128  # held-out problems used for validation
+    val_fraction: float = 0.1  # share of the problem space reserved for validation
+
+    def __post_init__(self) -> None:
+        _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
+        _require(
+            self.max_len >= self.min_len,
+            "task.max_len",
+            self.max_len,
+            f">= task.min_len ({self.min_len})",
+        )
+        _require(self.max_len <= 24, "task.max_len", self.max_len, "<= 24")
+        _require(self.val_size >= 1, "task.val_size", self.val_size, ">= 1")
+        _require(0.0 < self.val_fraction < 1.0, "task.val_fraction", self.val_fraction, "in (0, 1)")
+
+
+@dataclass
+class VariantConfig:
+    name: VariantName = VariantName.A1
+
+
+@dataclass
+class KLConfig:
+    """Per-token KL estimator; see prorl_bench/kl.py for the formulas."""
+
+    name: KLName = KLName.k3
+    placement: KLPlacement = KLPlacement.loss
+    log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
+    kl_clamp: float = 10.0  # per-token KL value clamped to +-kl_clamp
+    k2_mode: K2Mode = K2Mode.theta_over_ref
+
+    def __post_init__(self) -> None:
+        _require(self.log_ratio_clamp > 0, "kl_estimator.log_ratio_clamp", self.log_ratio_clamp, "> 0")
+        _require(self.kl_clamp > 0, "kl_estimator.kl_clamp", self.kl_clamp, "> 0")
+        _require(
+            not (self.name == KLName.k1 and self.placement == KLPlacement.loss),
+            "kl_estimator.placement",
+            self.placement.value,
+            "'reward' with k1 (k1 as a loss has zero expected gradient; use k2/k3 in the loss)",
+        )
+
+
+@dataclass
+class ModelConfig:
+    kind: ModelKind = ModelKind.native
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    dropout: float = 0.0
+    max_seq_len: int = 64
+
+    def __post_init__(self) -> None:
+        _require(self.d_model >= 8, "model.d_model", self.d_model, ">= 8")
+        _require(self.n_layers >= 1, "model.n_layers", self.n_layers, ">= 1")
+        _require(self.n_heads >= 1, "model.n_heads", self.n_heads, ">= 1")
+        _require(
+            self.d_model % self.n_heads == 0,
+            "model.n_heads",
+            self.n_heads,
+            f"a divisor of model.d_model ({self.d_model})",
+        )
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
+        _require(self.max_seq_len >= 8, "model.max_seq_len", self.max_seq_len, ">= 8")
+
+
+@dataclass
+class AlgoConfig:
+    """RL algorithm knobs. lr in AdamW units; beta multiplies the KL term."""
+
+    advantage: AdvantageName = AdvantageName.grpo
+    prompts_per_step: int = 8
+    group_size: int = 8
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = no top-k filtering
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    ppo_epochs: int = 2
+    minibatches: int = 2
+    loss_agg: LossAgg = LossAgg.token
+    dynamic_sampling: bool = False
+    entropy_coef: float = 0.0
+    beta: float = 0.01
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    adv_eps: float = 1e-6  # added to std in group/batch normalisation
+
+    def __post_init__(self) -> None:
+        _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
+        _require(
+            self.group_size >= 2,
+            "algo.group_size",
+            self.group_size,
+            f">= 2 (every advantage estimator, here '{self.advantage.value}', uses a group baseline)",
+        )
+        _require(self.temperature > 0, "algo.temperature", self.temperature, "> 0")
+        _require(self.top_k >= 0, "algo.top_k", self.top_k, ">= 0 (0 disables)")
+        _require(self.eps_low >= 0, "algo.eps_low", self.eps_low, ">= 0")
+        _require(self.eps_low < 1, "algo.eps_low", self.eps_low, "< 1")
+        _require(self.eps_high >= 0, "algo.eps_high", self.eps_high, ">= 0")
+        _require(self.ppo_epochs >= 1, "algo.ppo_epochs", self.ppo_epochs, ">= 1")
+        _require(self.minibatches >= 1, "algo.minibatches", self.minibatches, ">= 1")
+        batch = self.prompts_per_step * self.group_size
+        _require(
+            batch % self.minibatches == 0,
+            "algo.minibatches",
+            self.minibatches,
+            f"a divisor of prompts_per_step*group_size ({batch})",
+        )
+        _require(self.entropy_coef >= 0, "algo.entropy_coef", self.entropy_coef, ">= 0")
+        _require(self.beta >= 0, "algo.beta", self.beta, ">= 0")
+        _require(self.lr > 0, "algo.lr", self.lr, "> 0")
+        _require(self.weight_decay >= 0, "algo.weight_decay", self.weight_decay, ">= 0")
+        _require(0 <= self.adam_beta1 < 1, "algo.adam_beta1", self.adam_beta1, "in [0, 1)")
+        _require(0 <= self.adam_beta2 < 1, "algo.adam_beta2", self.adam_beta2, "in [0, 1)")
+        _require(self.adam_eps > 0, "algo.adam_eps", self.adam_eps, "> 0")
+        _require(self.grad_clip >= 0, "algo.grad_clip", self.grad_clip, ">= 0 (0 disables)")
+        _require(self.adv_eps > 0, "algo.adv_eps", self.adv_eps, "> 0")
+
+
+@dataclass
+class HardwareConfig:
+    device: Device = Device.cpu
+    torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
+    dtype: DType = DType.fp32
+    deterministic: bool = True
+    tf32: bool = False
+    peak_flops: float | None = None  # FLOP/s for MFU; None = measure a matmul peak once
+
+    def __post_init__(self) -> None:
+        _require(
+            self.torch_threads is None or self.torch_threads >= 1,
+            "hardware.torch_threads",
+            self.torch_threads,
+            "null or >= 1",
+        )
+        _require(
+            self.peak_flops is None or self.peak_flops > 0,
+            "hardware.peak_flops",
+            self.peak_flops,
+            "null or > 0",
+        )
+        _require(
+            not (self.device == Device.cpu and self.dtype == DType.bf16),
+            "hardware.dtype",
+            self.dtype.value,
+            "fp32 on device=cpu (bf16 autocast is a CUDA path)",
+        )
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up that produces the base policy RL starts from (as ProRL starts from SFT).
+
+    Warm-up stops as soon as the base's *sampled* success rate on held-out problems reaches
+    ``target_success`` — leaving RL headroom above it. The base is cached on disk, keyed by
+    everything that determines it (task, model, this section), and shared by every run of a sweep.
+    """
+
+    target_success: float = 0.2
+    max_steps: int = 3000
+    batch_size: int = 64
+    lr: float = 3e-3
+    check_every: int = 10
+    check_size: int = 128
+    seed: int = 0
+    cache_dir: str = "outputs/base_cache"  # relative paths resolve against the launch directory
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.target_success <= 1.0, "warmup.target_success", self.target_success, "in (0, 1]")
+        _require(self.max_steps >= 1, "warmup.max_steps", self.max_steps, ">= 1")
+        _require(self.batch_size >= 1, "warmup.batch_size", self.batch_size, ">= 1")
+        _require(self.lr > 0, "warmup.lr", self.lr, "> 0")
+        _require(self.check_every >= 1, "warmup.check_every", self.check_every, ">= 1")
+        _require(self.check_size >= 1, "warmup.check_size", self.check_size, ">= 1")
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    variant: VariantConfig = field(default_factory=VariantConfig)
+    kl_estimator: KLConfig = field(default_factory=KLConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    seed: int = 0
+    steps: int = 150
+    eval_every: int = 25  # validation on the held-out split every N steps (and at the end)
+    progress: bool = True  # terminal progress bar (single runs only)
+    run_dir: str | None = None  # None: Hydra's output directory
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "steps", self.steps, ">= 1")
+        _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
+        _require(self.seed >= 0, "seed", self.seed, ">= 0")
+        placement = self.kl_estimator.placement
+        _require(
+            not (placement == KLPlacement.reward and self.variant.name in (VariantName.A0, VariantName.B)),
+            "kl_estimator.placement",
+            placement.value,
+            f"'loss' with variant {self.variant.name.value} (A0 recomputes reference logprobs for a "
+            "loss term; B has no reference model to fold into the reward)",
+        )
+        _require(
+            not (self.kl_estimator.k2_mode == K2Mode.ref_over_old and placement == KLPlacement.loss),
+            "kl_estimator.k2_mode",
+            self.kl_estimator.k2_mode.value,
+            "'theta_over_ref' with placement=loss (ref_over_old has no gradient w.r.t. theta; it can "
+            "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
+        )
+        max_prompt, max_completion = _task_lengths(self.task)
+        _require(
+            max_prompt + max_completion + 1 <= self.model.max_seq_len,
+            "model.max_seq_len",
+            self.model.max_seq_len,
+            f">= {max_prompt + max_completion + 1} for task {self.task.name.value} with max_len={self.task.max_len}",
+        )
+
+
+def _task_lengths(task: TaskConfig) -> tuple[int, int]:
+    # Imported lazily: tasks.py depends on this module.
+    from prorl_bench.tasks import make_task
+
+    t = make_task(task)
+    return t.max_prompt_len, t.max_completion_len
+
+
+GROUPS = {
+    "task": TaskConfig,
+    "variant": VariantConfig,
+    "kl_estimator": KLConfig,
+    "model": ModelConfig,
+    "algo": AlgoConfig,
+    "hardware": HardwareConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Validate a composed config and return typed dataclasses (raises ConfigError)."""
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as e:  # OmegaConf validation (type, enum, missing key)
+        raise ConfigError(str(e)) from e
+    if not isinstance(obj, Config):
+        raise ConfigError(f"composed config is {type(obj).__name__}, expected Config")
+    return obj

@@ -1,0 +1,61 @@
+"""Per-token KL estimators (Schulman, "Approximating KL Divergence", 2020).
+
+Tokens are sampled from pi_theta. With l = logp_theta - logp_ref and r = exp(-l) = pi_ref/pi_theta:
+
+* k1 = l                 unbiased for KL(theta||ref); as a *loss* its expected gradient is 0,
+                         so it is only meaningful folded into the reward.
+* k2 = 1/2 l^2           biased value, low variance; its on-policy gradient equals grad KL(theta||ref).
+* k3 = (r - 1) - log r   unbiased and >= 0 ("low_var_kl" of GRPO/TRL/verl); as a loss its gradient
+                         is the forward-KL gradient (biased for the reverse KL).
+
+Clamps (as verl and NeMo RL do): the log-ratio to +-``log_ratio_clamp`` (20) before any exp, and
+the per-token value to +-``kl_clamp`` (10).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prorl_bench.config import KLName
+
+
+def log_ratio(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
+    return (logp - logp_ref).clamp(-clamp, clamp)
+
+
+def k1(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
+    return log_ratio(logp, logp_ref, clamp)
+
+
+def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
+    return 0.5 * log_ratio(logp, logp_ref, clamp).square()
+
+
+def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
+    neg = -log_ratio(logp, logp_ref, clamp)  # log r
+    return torch.expm1(neg) - neg
+
+
+_ESTIMATORS = {KLName.k1: k1, KLName.k2: k2, KLName.k3: k3}
+
+
+def kl_per_token(
+    name: KLName,
+    logp: torch.Tensor,
+    logp_ref: torch.Tensor,
+    log_ratio_clamp: float = 20.0,
+    kl_clamp: float = 10.0,
+) -> torch.Tensor:
+    """Per-token estimate of KL(theta||ref), same shape as the inputs, clamped to +-kl_clamp."""
+    return _ESTIMATORS[KLName(name)](logp, logp_ref, log_ratio_clamp).clamp(-kl_clamp, kl_clamp)
+
+
+@torch.no_grad()
+def k2_ref_over_old(logp_ref: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
+    """ProRL v2 blog formula: x = exp(clamp(log pi_ref/pi_old, -10, 10)); 1/2 (log x)^2.
+
+    It has no gradient w.r.t. theta (both inputs are fixed per rollout), so it is a diagnostic or
+    a reward-side penalty only; the result is detached by construction.
+    """
+    x = torch.exp((logp_ref - logp_old).clamp(-10.0, 10.0))
+    return 0.5 * torch.log(x).square()

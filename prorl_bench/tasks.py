@@ -1,0 +1,207 @@
+"""Verifiable sequence tasks and the shared character-level tokenizer.
+
+Every task turns a random input of ``min_len..max_len`` symbols into a prompt string and a target
+string. A completion is scored by an exact-match or a partial-credit verifier. The problem space is
+split deterministically (CRC32 of the prompt) into a training part and a held-out validation part,
+so validation never sees a training prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from prorl_bench.config import ConfigError, RewardKind, TaskConfig, TaskName
+
+
+class CharTokenizer:
+    """Printable-ASCII character tokenizer shared by all tasks. ids: 0 pad, 1 bos, 2 eos."""
+
+    PAD, BOS, EOS = 0, 1, 2
+    _FIRST = 32  # ' '
+    _LAST = 126  # '~'
+
+    @property
+    def vocab_size(self) -> int:
+        return 3 + self._LAST - self._FIRST + 1
+
+    @property
+    def pad_id(self) -> int:
+        return self.PAD
+
+    @property
+    def eos_id(self) -> int:
+        return self.EOS
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        for ch in text:
+            o = ord(ch)
+            if not self._FIRST <= o <= self._LAST:
+                raise ValueError(f"character {ch!r} is outside the tokenizer's printable ASCII range")
+            out.append(3 + o - self._FIRST)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode up to the first EOS; pad and BOS are skipped."""
+        chars = []
+        for i in ids:
+            i = int(i)
+            if i == self.EOS:
+                break
+            if i >= 3:
+                chars.append(chr(i - 3 + self._FIRST))
+        return "".join(chars)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad prompts (each prefixed with BOS). Returns ids (B, P) long and mask (B, P) bool."""
+        seqs = [[self.BOS] + self.encode(p) for p in prompts]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.PAD, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+        for row, s in enumerate(seqs):
+            ids[row, width - len(s) :] = torch.tensor(s)
+            mask[row, width - len(s) :] = True
+        return ids, mask
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    target: str
+
+
+def exact_reward(completion: str, target: str) -> float:
+    return 1.0 if completion == target else 0.0
+
+
+def partial_reward(completion: str, target: str) -> float:
+    """Fraction of positions that match, normalised by the longer of the two strings."""
+    n = max(len(completion), len(target))
+    if n == 0:
+        return 1.0
+    hits = sum(a == b for a, b in zip(completion, target))
+    return hits / n
+
+
+class Task:
+    """A verifiable task: problem generator, verifier and a deterministic held-out split."""
+
+    def __init__(
+        self,
+        cfg: TaskConfig,
+        tag: str,
+        make_input: Callable[[random.Random, int], tuple[str, str]],
+        prompt_len: Callable[[int], int],
+        completion_len: Callable[[int], int],
+    ) -> None:
+        self.cfg = cfg
+        self.name = cfg.name.value
+        self._tag = tag
+        self._make_input = make_input
+        self.max_prompt_len = 1 + prompt_len(cfg.max_len)  # + BOS
+        self.max_completion_len = completion_len(cfg.max_len) + 1  # + EOS
+        self._reward_fn = exact_reward if cfg.reward == RewardKind.exact else partial_reward
+        self._val: list[Problem] | None = None
+
+    # -- problems
+    def _problem(self, rng: random.Random) -> Problem:
+        n = rng.randint(self.cfg.min_len, self.cfg.max_len)
+        x, target = self._make_input(rng, n)
+        return Problem(prompt=f"{self._tag}{x}=", target=target)
+
+    def is_val(self, problem: Problem) -> bool:
+        return (zlib.crc32(problem.prompt.encode()) % 10_000) < self.cfg.val_fraction * 10_000
+
+    def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
+        """n training problems (never from the validation split)."""
+        out: list[Problem] = []
+        tries = 0
+        while len(out) < n:
+            p = self._problem(rng)
+            tries += 1
+            if not self.is_val(p):
+                out.append(p)
+            elif tries > 1000 * n:
+                raise ConfigError(f"task {self.name}: training split is empty; lower task.val_fraction")
+        return out
+
+    def val_set(self) -> list[Problem]:
+        """The fixed held-out validation problems (unique, up to task.val_size)."""
+        if self._val is None:
+            rng = random.Random(0xC0FFEE)
+            seen: dict[str, Problem] = {}
+            for _ in range(200 * self.cfg.val_size):
+                p = self._problem(rng)
+                if self.is_val(p):
+                    seen.setdefault(p.prompt, p)
+                    if len(seen) >= self.cfg.val_size:
+                        break
+            if not seen:
+                raise ConfigError(
+                    f"task {self.name}: no validation problems with min_len={self.cfg.min_len}, "
+                    f"max_len={self.cfg.max_len}; raise task.val_fraction or the lengths"
+                )
+            self._val = list(seen.values())
+        return self._val
+
+    # -- verification
+    def reward(self, completion: str, target: str) -> float:
+        return self._reward_fn(completion, target)
+
+    def success(self, completion: str, target: str) -> bool:
+        return completion == target
+
+
+def _digits(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(n))
+
+
+def _number(rng: random.Random, n: int) -> int:
+    lo = 0 if n == 1 else 10 ** (n - 1)
+    return rng.randint(lo, 10**n - 1)
+
+
+def _reverse(rng: random.Random, n: int) -> tuple[str, str]:
+    x = _digits(rng, n)
+    return x, x[::-1]
+
+
+def _copy(rng: random.Random, n: int) -> tuple[str, str]:
+    x = _digits(rng, n)
+    return x, x
+
+
+def _sort(rng: random.Random, n: int) -> tuple[str, str]:
+    x = _digits(rng, n)
+    return x, "".join(sorted(x))
+
+
+def _parity(rng: random.Random, n: int) -> tuple[str, str]:
+    x = "".join(rng.choice("01") for _ in range(n))
+    return x, str(x.count("1") % 2)
+
+
+def _add(rng: random.Random, n: int) -> tuple[str, str]:
+    a, b = _number(rng, n), _number(rng, n)
+    return f"{a}+{b}", str(a + b)
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """Build the task named by ``cfg.name``. Lengths: symbols in the input (per operand for add)."""
+    same = (lambda n: n + 2, lambda n: n)  # "<tag><n symbols>=" -> n symbols
+    table = {
+        TaskName.reverse_digits: ("R", _reverse, *same),
+        TaskName.copy: ("C", _copy, *same),
+        TaskName.sort_digits: ("S", _sort, *same),
+        TaskName.parity: ("P", _parity, lambda n: n + 2, lambda n: 1),
+        TaskName.add: ("A", _add, lambda n: 2 * n + 3, lambda n: n + 1),
+    }
+    if cfg.name not in table:
+        raise ConfigError(f"task.name={cfg.name!r}: allowed {[t.value for t in table]}")
+    tag, fn, plen, clen = table[cfg.name]
+    return Task(cfg, tag, fn, plen, clen)

@@ -1,0 +1,351 @@
+"""The RL training loop. Reads top to bottom: one step = rollout -> reward -> old logprobs ->
+reference logprobs (per variant) -> advantages -> PPO epochs x minibatches -> log.
+
+Variant-specific behaviour lives in small strategy objects (``reference.py``); the math lives in
+pure functions (``kl.py``, ``advantages.py``, ``losses.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prorl_bench.accounting import StepAccounting, measured_matmul_peak
+from prorl_bench.advantages import compute_advantages, informative_groups
+from prorl_bench.base import load_or_train_base
+from prorl_bench.config import Config, ConfigError, Device, DType, K2Mode, KLName, KLPlacement
+from prorl_bench.evaluation import completions, evaluate, score
+from prorl_bench.kl import k2_ref_over_old, kl_per_token
+from prorl_bench.losses import aggregate, clipped_surrogate
+from prorl_bench.outputs import RunWriter
+from prorl_bench.reference import build_reference
+from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
+from prorl_bench.tasks import CharTokenizer, make_task
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN/inf appeared; the message names the step, stage and tensor."""
+
+
+def check_finite(t: torch.Tensor, step: int, stage: str, name: str) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise NonFiniteError(f"non-finite values in '{name}' at step {step}, stage '{stage}'")
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    want = cfg.hardware.device
+    if want == Device.auto:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if want == Device.cuda and not torch.cuda.is_available():
+        raise ConfigError("hardware.device=cuda but no CUDA device is available; allowed here: cpu, auto")
+    return torch.device(want.value)
+
+
+def setup_hardware(cfg: Config, threads: int) -> torch.device:
+    torch.set_num_threads(threads)
+    device = resolve_device(cfg)
+    torch.use_deterministic_algorithms(cfg.hardware.deterministic, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = cfg.hardware.tf32
+        torch.backends.cudnn.allow_tf32 = cfg.hardware.tf32
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every global generator: loky reuses worker processes across sweep jobs."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progress: bool = False) -> dict[str, Any]:
+    """Run one experiment; write its files into ``run_dir``; return the summary dict."""
+    wall0 = time.perf_counter()
+    device = setup_hardware(cfg, threads)
+    seed_everything(cfg.seed)
+    a, kl_cfg = cfg.algo, cfg.kl_estimator
+    tok = CharTokenizer()
+    banned = (tok.PAD, tok.BOS)
+    task = make_task(cfg.task)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.hardware.dtype == DType.bf16 else nullcontext()
+
+    # -- the base policy (cached warm-up) and the variant's reference strategy
+    policy, base_info = load_or_train_base(cfg, task, tok, device, cache_root)
+    seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
+    policy.train()
+    batch_size = a.prompts_per_step * a.group_size
+    mb_size = batch_size // a.minibatches
+    ref = build_reference(
+        cfg.variant.name,
+        policy,
+        temperature=a.temperature,
+        banned=banned,
+        chunk=mb_size,
+        max_batch=batch_size,
+        max_len=task.max_completion_len,
+        device=device,
+    )
+    optimizer = torch.optim.AdamW(
+        policy.parameters(),
+        lr=a.lr,
+        betas=(a.adam_beta1, a.adam_beta2),
+        eps=a.adam_eps,
+        weight_decay=a.weight_decay,
+    )
+    kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
+    objective = "trust_region_vs_old" if ref.model is None else "kl_to_reference"
+
+    out = RunWriter(run_dir)
+    out.event(
+        0,
+        "start",
+        "run",
+        variant=cfg.variant.name.value,
+        objective=objective,
+        base=base_info,
+        params=sum(p.numel() for p in policy.parameters()),
+    )
+    peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
+    acct = StepAccounting(device)
+    rng = random.Random(cfg.seed)  # prompts
+    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed)  # token sampling
+    shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatch permutation
+    val_problems = task.val_set()
+    history: list[dict[str, Any]] = []
+    val_rows: list[dict[str, Any]] = []
+    bar = _progress_bar(cfg.steps) if progress else None
+
+    for step in range(1, cfg.steps + 1):
+        acct.reset()
+
+        # 1. rollout: prompts_per_step prompts x group_size samples, KV-cached sampling
+        with acct.stage("rollout"), autocast:
+            problems = [p for p in task.sample_train(rng, a.prompts_per_step) for _ in range(a.group_size)]
+            prompt_ids, prompt_mask = tok.encode_prompts([p.prompt for p in problems])
+            batch = generate(
+                policy,
+                tok,
+                prompt_ids.to(device),
+                prompt_mask.to(device),
+                task.max_completion_len,
+                a.temperature,
+                a.top_k,
+                sample_gen,
+            )
+            mask = batch.completion_mask
+            n_gen = int(mask.sum())
+            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * int(batch.key_mask.sum()))
+
+        # 2. reward: the task's verifier
+        with acct.stage("reward"):
+            texts = completions(tok, batch)
+            reward_list, success_list = score(task, texts, problems)
+            rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
+
+        # 3. old-policy logprobs (S2): a no-grad teacher-forced pass, recomputed every rollout
+        with acct.stage("old_logprob"), autocast:
+            logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
+            _count_policy_forward(acct, policy, batch, backward=False)
+        check_finite(logp_old, step, "old_logprob", "logp_old")
+
+        # 4. reference logprobs (S4): A1/A2/C compute them here once; A0 later per minibatch; B never
+        with acct.stage("ref_logprob"), autocast:
+            ref.prepare(batch, acct)
+
+        # 5. advantages, with the KL optionally folded into the reward, and dynamic sampling
+        shaped = rewards
+        if kl_cfg.placement == KLPlacement.reward and a.beta > 0:
+            all_rows = torch.arange(len(batch), device=device)
+            logp_ref_all = ref.logp(all_rows, batch, acct)
+            if kl_cfg.name == KLName.k2 and kl_cfg.k2_mode == K2Mode.ref_over_old:
+                kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
+            else:
+                kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
+            shaped = rewards - a.beta * (kl_tok * mask).sum(-1).view_as(rewards)
+        adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
+        check_finite(adv, step, "advantages", "advantages")
+        keep = informative_groups(rewards) if a.dynamic_sampling else torch.ones_like(rewards[:, 0], dtype=torch.bool)
+        rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
+
+        # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
+        sums = {k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")}
+        n_mb = 0
+        ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
+        with acct.stage("update"), autocast:
+            for epoch in range(a.ppo_epochs if len(rows) else 0):
+                perm = rows[torch.randperm(len(rows), generator=shuffle_gen).to(device)]
+                for idx in perm.tensor_split(a.minibatches):
+                    mb = batch.rows(idx)
+                    mb_mask = mb.completion_mask
+                    logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
+                    _count_policy_forward(acct, policy, mb, backward=True)
+                    with acct.stage("ref_logprob"):
+                        logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
+                    if epoch == 0 and logp_ref is not None:
+                        ref_rows[idx] = logp_ref
+                    pg_tok, clipped = clipped_surrogate(
+                        logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp
+                    )
+                    pg = aggregate(pg_tok, mb_mask, a.loss_agg)
+                    kl_loss = torch.zeros((), device=device)
+                    if kl_in_loss:
+                        # B has no reference: its trust region is the KL to pi_old
+                        anchor = logp_ref if logp_ref is not None else logp_old[idx]
+                        kl_tok = kl_per_token(kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
+                        kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
+                    ent = aggregate(entropy, mb_mask, a.loss_agg)
+                    loss = pg + a.beta * kl_loss - a.entropy_coef * ent
+                    check_finite(loss, step, "update", "loss/total")
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
+                    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+                    check_finite(grad_norm, step, "update", "grad_norm")
+                    optimizer.step()
+                    n_mb += 1
+                    sums["loss/total"] += float(loss)
+                    sums["loss/pg"] += float(pg)
+                    sums["loss/kl"] += float(kl_loss)
+                    sums["entropy"] += float(ent)
+                    sums["clip_frac"] += float(aggregate(clipped.float(), mb_mask, a.loss_agg))
+                    sums["grad_norm"] += float(grad_norm)
+                    sums["kl/old"] += float(
+                        aggregate(kl_per_token(KLName.k3, logp.detach(), logp_old[idx]), mb_mask, a.loss_agg)
+                    )
+
+        # 7. log one metrics row
+        row: dict[str, Any] = {"step": step}
+        row["reward/mean"] = float(rewards.mean())
+        row["reward/std"] = float(rewards.std())
+        row["success_rate"] = sum(success_list) / len(success_list)
+        row.update({k: (v / n_mb if n_mb else float("nan")) for k, v in sums.items()})
+        row.update(_reference_kl(cfg, ref.model is not None, logp_old, ref_rows, mask, rows))
+        row["kl/beta"] = a.beta
+        row["lr"] = optimizer.param_groups[0]["lr"]
+        row["response_len"] = float(mask.sum(-1).mean())
+        row["ds/kept_frac"] = len(rows) / len(batch)
+        row.update(acct.row(len(batch), n_gen, peak))
+        out.metrics(row)
+        history.append(row)
+
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+            v = {"step": step, **evaluate(policy, task, tok, val_problems, a.temperature, vgen, device)}
+            out.validation(v)
+            val_rows.append(v)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{row['reward/mean']:.3f}",
+                kl=_fmt(row["kl/ref"]),
+                ref_share=f"{row['time/ref_share']:.1%}",
+                refresh=False,
+            )
+
+    if bar is not None:
+        bar.close()
+    summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
+    out.event(cfg.steps, "end", "completed")
+    out.summary(summary)
+    out.close()
+    return summary
+
+
+def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:
+    tokens = int(batch.key_mask.sum())
+    fwd = tokens * policy.flops_per_token(batch.ids.shape[1])
+    acct.forward("policy", tokens, fwd * (3.0 if backward else 1.0))  # backward ~ 2x forward
+
+
+def _reference_kl(
+    cfg: Config, has_ref: bool, logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor
+) -> dict[str, float]:
+    """KL of the behaviour policy to the reference over the updated rows (None for variant B).
+
+    ``kl/ref`` uses the configured estimator; ``kl/ref_k1`` is the unbiased k1 estimate, comparable
+    across estimators; ``kl/k2_ref_over_old`` is the ProRL v2 blog formula, a diagnostic only.
+    """
+    if not has_ref or len(rows) == 0:
+        return {"kl/ref": float("nan"), "kl/ref_k1": float("nan"), "kl/k2_ref_over_old": float("nan")}
+    k = cfg.kl_estimator
+    lo, lr, m = logp_old[rows], logp_ref[rows], mask[rows]
+    agg = cfg.algo.loss_agg
+    return {
+        "kl/ref": float(aggregate(kl_per_token(k.name, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
+        "kl/ref_k1": float(aggregate(kl_per_token(KLName.k1, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
+        "kl/k2_ref_over_old": float(aggregate(k2_ref_over_old(lr, lo), m, agg)),
+    }
+
+
+def summarize(
+    cfg: Config,
+    history: list[dict[str, Any]],
+    val_rows: list[dict[str, Any]],
+    objective: str,
+    base_info: dict[str, Any],
+    wall: float,
+) -> dict[str, Any]:
+    """Final and aggregate figures of a completed run (the head/tail are 10% of the steps)."""
+    n = len(history)
+    k = max(1, n // 10)
+
+    def mean(key: str, rows: list[dict[str, Any]]) -> float:
+        vals = [r[key] for r in rows if r.get(key) is not None and not math.isnan(r[key])]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    totals = {
+        key: sum(r[key] for r in history)
+        for key in (
+            "count/policy_fwd",
+            "count/ref_fwd",
+            "tokens/policy_fwd",
+            "tokens/ref_fwd",
+            "time/rollout",
+            "time/reward",
+            "time/old_logprob",
+            "time/ref_logprob",
+            "time/update",
+            "time/reset",
+            "time/growth",
+            "time/step",
+            "perf/flops",
+        )
+    }
+    step_time = totals["time/step"]
+    return {
+        "status": "completed",
+        "error": None,
+        "variant": cfg.variant.name.value,
+        "objective": objective,
+        "steps_completed": n,
+        "wall_time_s": wall,
+        "success_rate/first10": mean("success_rate", history[:k]),
+        "success_rate/last10": mean("success_rate", history[-k:]),
+        "reward/first10": mean("reward/mean", history[:k]),
+        "reward/last10": mean("reward/mean", history[-k:]),
+        "kl/ref_mean": mean("kl/ref", history),
+        "kl/ref_max": max((r["kl/ref"] for r in history if not math.isnan(r["kl/ref"])), default=float("nan")),
+        "final_val": val_rows[-1] if val_rows else None,
+        "totals": totals,
+        "time/step_mean": step_time / n,
+        "time/ref_share": totals["time/ref_logprob"] / step_time if step_time else 0.0,
+        "throughput/steps_per_s": n / step_time,
+        "throughput/samples_per_s": n * cfg.algo.prompts_per_step * cfg.algo.group_size / step_time,
+        "perf/flops_per_s": totals["perf/flops"] / step_time,
+        "base": base_info,
+    }
+
+
+def _fmt(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.4f}"
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="prorl-bench", unit="step", dynamic_ncols=True, mininterval=1.0)
