@@ -20,6 +20,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from prorl_bench.searchpath import register_resolvers
+
 
 class ConfigError(ValueError):
     """A config value is invalid. The message names the key and what is allowed."""
@@ -350,6 +352,7 @@ GROUPS = {
 
 def register_configs() -> None:
     """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults."""
+    register_resolvers()  # ${prorl_bench_root:} in hydra.searchpath (conf/config.yaml)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
 
