@@ -221,6 +221,8 @@ def fmt_mean_ci(mean: float, ci: float, n: int) -> str:
         return "–"
     if n == 1 or not math.isfinite(ci):
         return fmt_value(mean)
+    if ci <= 1e-9 * max(1.0, abs(mean)):
+        ci = 0.0  # identical seeds up to float rounding
     return f"{fmt_value(mean)} ± {fmt_value(ci)}"
 
 

@@ -149,10 +149,12 @@ def rolling_mean(values: Sequence[float | None], window: int) -> list[float]:
 def first_crossing(steps: Sequence[float], values: Sequence[float | None], threshold: float, window: int = 1) -> float:
     """First step at which the trailing ``window``-step mean of ``values`` is >= ``threshold``.
 
-    Returns nan when the curve never reaches the threshold.
+    Only full windows count (the first candidate is the ``window``-th step), so one lucky early
+    step cannot cross alone. Returns nan when the curve never reaches the threshold.
     """
-    for s, v in zip(steps, rolling_mean(values, window)):
-        if math.isfinite(v) and v >= threshold:
+    smooth = rolling_mean(values, window)
+    for i, (s, v) in enumerate(zip(steps, smooth)):
+        if i >= window - 1 and math.isfinite(v) and v >= threshold:
             return float(s)
     return NAN
 

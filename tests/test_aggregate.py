@@ -1,0 +1,159 @@
+"""The aggregator on synthetic sweep directories whose statistics are known in advance."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+from sweep_factory import metric_rows, write_multirun_yaml, write_run
+
+from prorl_bench import aggregate as agg
+from prorl_bench.sweepdir import SweepDirError, load_sweep
+
+T975_DF2 = 4.3026527  # Student t, 97.5% quantile, 2 degrees of freedom
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+    """A1: 3 completed seeds with constant rewards 0.2/0.4/0.6; B: completed, failed, incomplete;
+    C: in the grid of multirun.yaml but never started (missing)."""
+    d = tmp_path / "sweep"
+    d.mkdir()
+    write_multirun_yaml(d, {"variant": "A1,B,C", "seed": "0,1,2"}, ["+sweep=ablation", "steps=10"])
+    for seed, r in enumerate([0.2, 0.4, 0.6]):
+        write_run(
+            d,
+            ["variant=A1", f"seed={seed}", "+sweep=ablation", "steps=10"],
+            metrics=metric_rows([r] * 10),
+            validation=[{"step": 5, "val/success_sampled": 0.0}, {"step": 10, "val/success_sampled": r + 0.1}],
+            summary={"status": "completed", "error": None, "wall_time_s": 3.0 + seed},
+        )
+    write_run(d, ["variant=B", "seed=0", "+sweep=ablation", "steps=10"],
+              metrics=metric_rows([0.3] * 10, kl=None, ref_fwd=0, ref_tokens=0, ref_time=0.0),
+              summary={"status": "completed", "error": None})
+    write_run(d, ["variant=B", "seed=1", "+sweep=ablation", "steps=10"],
+              summary={"status": "failed", "error": "ConfigError: invalid config value seed=-1\ntraceback..."})
+    write_run(d, ["variant=B", "seed=2", "+sweep=ablation", "steps=10"], metrics=metric_rows([0.9] * 3))
+    return d
+
+
+def _group(res, name):
+    return res.groups.set_index("group").loc[name]
+
+
+def test_group_statistics_match_hand_computed_values(sweep_dir):
+    res = agg.aggregate(sweep_dir, threshold=0.5, window=5, figures=False)
+    a1 = _group(res, "A1")
+    assert a1["n_completed"] == 3 and a1["n_runs"] == 3
+    ci = T975_DF2 * 0.2 / math.sqrt(3)  # s = 0.2 over (0.2, 0.4, 0.6)
+    for m in ("success_final", "reward_auc", "reward_final"):
+        assert a1[f"{m}_mean"] == pytest.approx(0.4)
+        assert a1[f"{m}_ci95"] == pytest.approx(ci, rel=1e-6)
+        assert a1[f"{m}_n"] == 3
+    assert a1["val_success_final_mean"] == pytest.approx(0.5)
+    # only seed 2 (0.6) reaches 0.5; with a 5-step window the first full window ends at step 5
+    assert a1["steps_to_threshold_n"] == 1
+    assert a1["steps_to_threshold_mean"] == 5.0
+    assert a1["time_to_threshold_s_mean"] == pytest.approx(0.5)  # 5 steps x 0.1 s
+    assert a1["ref_share_pct_mean"] == pytest.approx(20.0)
+    assert a1["time_per_step_ms_mean"] == pytest.approx(100.0)
+    assert a1["ref_fwd_per_step_mean"] == 1.0 and a1["ref_tokens_per_step_mean"] == 100.0
+    assert a1["kl_mean_mean"] == pytest.approx(0.5) and a1["kl_max_mean"] == pytest.approx(0.5)
+    assert a1["wall_time_s_mean"] == pytest.approx(4.0)
+
+
+def test_failed_incomplete_and_missing_runs_are_reported_not_dropped(sweep_dir):
+    res = agg.aggregate(sweep_dir, figures=False)
+    b = _group(res, "B")
+    assert (b["n_runs"], b["n_completed"], b["n_failed"], b["n_incomplete"]) == (3, 1, 1, 1)
+    assert b["success_final_n"] == 1 and b["success_final_mean"] == pytest.approx(0.3)  # completed only
+    assert math.isnan(b["kl_mean_mean"])  # no reference in B
+    c = _group(res, "C")
+    assert (c["n_runs"], c["n_missing"], c["n_completed"]) == (3, 3, 0)
+    runs = res.runs.set_index(["group", "seed"])
+    assert runs.loc[("B", "1"), "status"] == "failed"
+    assert runs.loc[("B", "1"), "error"] == "ConfigError: invalid config value seed=-1"
+    assert runs.loc[("B", "2"), "status"] == "incomplete"
+    assert runs.loc[("B", "2"), "steps_logged"] == 3
+    assert "after 3 logged steps" in runs.loc[("B", "2"), "error"]
+    assert len(res.runs) == 9
+    md = res.markdown
+    assert "| B | 1/3 ok, 1 failed, 1 incomplete |" in md
+    assert "| C | 0/3 ok, 3 missing |" in md
+    assert "ConfigError: invalid config value seed=-1" in md
+    on_disk = pd.read_csv(res.out_dir / "runs.csv")
+    assert sorted(on_disk["status"]) == sorted(["completed"] * 4 + ["failed", "incomplete"] + ["missing"] * 3)
+
+
+def test_groups_vary_without_seed_and_grid_name(sweep_dir):
+    sweep = load_sweep(sweep_dir)
+    assert sweep.group_keys == ["variant"]
+    assert sweep.fixed == {"sweep": "ablation", "steps": "10"}
+
+
+def test_several_varied_keys_make_readable_labels(tmp_path):
+    for kl in ("k2", "k3"):
+        for beta in ("0.01", "0.1"):
+            write_run(tmp_path, [f"kl_estimator={kl}", f"algo.beta={beta}", "seed=0"], metrics=metric_rows([0.5] * 4),
+                      summary={"status": "completed"})
+    res = agg.aggregate(tmp_path, figures=False)
+    assert set(res.groups["group"]) == {f"kl_estimator={k}, beta={b}" for k in ("k2", "k3") for b in ("0.01", "0.1")}
+    assert list(res.groups.columns[:3]) == ["group", "kl_estimator", "algo.beta"]
+
+
+def test_resets_growth_and_reported_recovery(tmp_path):
+    rewards = [0.8] * 4 + [0.2, 0.5, 0.9, 0.9]
+    events = [{"step": 0, "event": "start", "reason": "run"}, {"step": 4, "event": "reset", "reason": "periodic"},
+              {"step": 6, "event": "growth", "reason": "schedule"}]
+    write_run(tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events,
+              summary={"status": "completed", "reset/recovery_steps_mean": 2.5})
+    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows(rewards), summary={"status": "completed"})
+    res = agg.aggregate(tmp_path, window=1, figures=False)
+    c, a1 = _group(res, "C"), _group(res, "A1")
+    assert c["n_resets_mean"] == 1 and c["n_growths_mean"] == 1
+    assert c["recovery_steps_mean"] == 3.0  # back to 0.8 at step 7
+    assert c["recovery_reported_mean"] == 2.5
+    assert a1["n_resets_mean"] == 0 and math.isnan(a1["recovery_reported_mean"])  # absent key tolerated
+
+
+def test_cli_writes_tables_and_figures(sweep_dir, capsys):
+    assert agg.main([str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "| A1 | 3/3 ok |" in out
+    files = {p.name for p in (sweep_dir / "aggregate").iterdir()}
+    assert {"runs.csv", "groups.csv", "table.md", "curves.png", "stage_time.png", "reference_cost.png"} <= files
+    for name in ("curves.png", "stage_time.png", "reference_cost.png"):
+        assert (sweep_dir / "aggregate" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_malformed_sweep_dirs_fail_loudly(tmp_path, capsys):
+    with pytest.raises(SweepDirError, match="does not exist"):
+        load_sweep(tmp_path / "nope")
+    with pytest.raises(SweepDirError, match="no run directories"):
+        load_sweep(tmp_path)
+    run = write_run(tmp_path, ["seed=0"], metrics=metric_rows([0.1, 0.2, 0.3]), summary={"status": "completed"})
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1][:20] + "\n" + lines[2] + "\n")
+    with pytest.raises(SweepDirError, match="metrics.jsonl: malformed JSONL"):
+        load_sweep(tmp_path)
+    assert agg.main([str(tmp_path)]) == 2
+    assert "malformed JSONL" in capsys.readouterr().err
+    # a torn *last* line (a job killed mid-write) is tolerated
+    (run / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:15])
+    assert load_sweep(tmp_path).runs[0].metrics.shape[0] == 2
+    (run / "summary.json").write_text('{"status": "done"}')
+    with pytest.raises(SweepDirError, match="status completed\\|failed"):
+        load_sweep(tmp_path)
+
+
+def test_callback_records_sweep_dir_and_prints_table(sweep_dir, tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv(agg.SWEEP_DIR_FILE_ENV, str(marker))
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    cb = agg.AggregateCallback(figures=False)
+    cb.on_multirun_start(cfg)
+    assert marker.read_text() == str(sweep_dir.resolve())
+    cb.on_multirun_end(cfg)
+    assert "| A1 | 3/3 ok |" in capsys.readouterr().out
