@@ -13,16 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt  # headless machines fall back to Agg; notebooks keep their inline backend
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")  # headless: sweeps run on clusters and in CI
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from prorl_bench import stats  # noqa: E402
-from prorl_bench.aggregate import group_label  # noqa: E402
-from prorl_bench.sweepdir import Sweep  # noqa: E402
+from prorl_bench import stats
+from prorl_bench.aggregate import group_label
+from prorl_bench.sweepdir import Sweep
 
 STAGES = [
     "time/rollout",
@@ -173,6 +170,7 @@ def write_figures(sweep: Sweep, runs: pd.DataFrame, out_dir: Path, window: int =
     """Draw all figures into ``out_dir``; returns their paths (none when no run logged a step)."""
     if not (runs["steps_logged"] > 0).any():
         return []
+    plt.switch_backend("agg")  # files only: never open windows from a sweep's end
     sns.set_theme(style="whitegrid", context="notebook")
     figs = {
         "curves.png": plot_curves(sweep, window),

@@ -1,0 +1,125 @@
+"""Real multiruns through Hydra: joblib in parallel with a failing job, submitit_local, per-job
+isolation in a reused process, and the analysis notebook executed headless on a real sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from prorl_bench.searchpath import ROOT
+
+TINY = [
+    "steps=6",
+    "eval_every=3",
+    "algo.prompts_per_step=4",
+    "algo.group_size=4",
+    "warmup.target_success=0.05",
+    "task.val_size=16",
+]
+CURVE_KEYS = ("reward/mean", "loss/total", "loss/pg", "kl/old", "grad_norm")
+
+
+@pytest.fixture(scope="session")
+def sweep_cache(tmp_path_factory) -> Path:
+    """One warm-up base cache shared by every sweep of the session."""
+    return tmp_path_factory.mktemp("sweep_base_cache")
+
+
+def _run(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _curves(run_dir: Path) -> dict[str, list]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {k: [r[k] for r in rows] for k in CURVE_KEYS}
+
+
+@pytest.fixture(scope="session")
+def failing_sweep(tmp_path_factory, sweep_cache):
+    """prorl-bench-sweep on 3 jobs in parallel (2 joblib workers); variant=B rejects k1's reward placement."""
+    tmp = tmp_path_factory.mktemp("failing_sweep")
+    sweep_dir = tmp / "sweep"
+    args = ["-m", "prorl_bench.sweep", "+sweep=ablation", "variant=A1,A2,B", "kl_estimator=k1", "seed=0",
+            f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
+    return _run(args, cwd=tmp), sweep_dir
+
+
+@pytest.mark.slow
+def test_failed_job_still_aggregates(failing_sweep):
+    proc, sweep_dir = failing_sweep
+    assert proc.returncode != 0, "a failed job must make the sweep exit non-zero"
+    out = proc.stdout
+    assert "| A1 | 1/1 ok |" in out and "| A2 | 1/1 ok |" in out
+    assert "| B | 0/1 ok, 1 failed |" in out
+    assert "ConfigError: invalid config value kl_estimator.placement='reward'" in out
+    assert out.rstrip().splitlines()[-1].endswith("reference_cost.png"), "the table/figures must end the output"
+    runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv").set_index("group")
+    assert runs.loc["B", "status"] == "failed" and "variant B" in runs.loc["B", "error"]
+    assert runs.loc["A1", "status"] == "completed" and runs.loc["A1", "steps_logged"] == 6
+    for name in ("curves.png", "stage_time.png", "reference_cost.png"):
+        assert (sweep_dir / "aggregate" / name).stat().st_size > 10_000
+    # run directories are named by their knobs (grid name excluded)
+    a1 = sweep_dir / f"{','.join(sorted(['variant=A1', 'kl_estimator=k1', 'seed=0', *TINY[:2], *TINY[2:]]))}"
+    assert a1.is_dir(), sorted(p.name for p in sweep_dir.iterdir())
+
+
+@pytest.mark.slow
+def test_parallel_jobs_keep_the_a1_a2_invariant(failing_sweep):
+    _, sweep_dir = failing_sweep
+    runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv").set_index("group")
+    a1, a2 = (Path(runs.loc[v, "run_dir"]) for v in ("A1", "A2"))
+    assert _curves(a1) == _curves(a2)
+
+
+@pytest.mark.slow
+def test_jobs_are_isolated_in_a_reused_process(tmp_path, sweep_cache):
+    """n_jobs=1: joblib runs seed=1 then seed=0 in one process; seed 0 must equal a fresh single run."""
+    common = [f"warmup.cache_dir={sweep_cache}", *TINY]
+    multi = _run(["-m", "prorl_bench.app", "-m", "+sweep=ablation", "variant=A1", "seed=1,0",
+                  "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'multi'}",
+                  "hydra.callbacks={}", *common], cwd=tmp_path)
+    assert multi.returncode == 0, multi.stderr[-3000:]
+    single = _run(["-m", "prorl_bench.app", "seed=0", "hardware.torch_threads=1", "progress=false",
+                   f"hydra.run.dir={tmp_path / 'single'}", *common], cwd=tmp_path)
+    assert single.returncode == 0, single.stderr[-3000:]
+    (second,) = [p for p in (tmp_path / "multi").iterdir() if "seed=0" in p.name]
+    assert _curves(second) == _curves(tmp_path / "single")
+
+
+@pytest.mark.slow
+def test_submitit_local_runs_a_grid_end_to_end(tmp_path, sweep_cache):
+    sweep_dir = tmp_path / "sweep"
+    proc = _run(["-m", "prorl_bench.app", "-m", "hydra/launcher=submitit_local", "variant=A1,B", "seed=0",
+                 "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep_dir}",
+                 f"warmup.cache_dir={sweep_cache}", *TINY], cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| A1 | 1/1 ok |" in proc.stdout and "| B | 1/1 ok |" in proc.stdout  # on_multirun_end ran
+    assert (sweep_dir / ".submitit").is_dir()  # the submitit path, not joblib
+    runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv")
+    assert list(runs["status"]) == ["completed", "completed"]
+    assert (runs["steps_logged"] == 6).all()
+
+
+@pytest.mark.slow
+def test_analysis_notebook_executes_headless(failing_sweep):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    _, sweep_dir = failing_sweep
+    nb = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
+    os.environ["PRORL_SWEEP_DIR"] = str(sweep_dir)
+    try:
+        nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                                resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    finally:
+        del os.environ["PRORL_SWEEP_DIR"]
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    texts = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "| B | 0/1 ok, 1 failed |" in texts
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
