@@ -290,6 +290,15 @@ class WarmupConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Optional sinks beside the JSONL files (see prorl_bench/sinks.py); both need an extra."""
+
+    tensorboard: bool = False  # scalars under RUN_DIR/tensorboard
+    wandb: bool = False  # Weights & Biases, always offline (files under RUN_DIR/wandb)
+    wandb_project: str = "prorl-bench"
+
+
+@dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     variant: VariantConfig = field(default_factory=VariantConfig)
@@ -298,6 +307,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 0
     steps: int = 150
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)

@@ -23,9 +23,9 @@ from prorl_bench.config import Config, ConfigError, Device, DType, K2Mode, KLNam
 from prorl_bench.evaluation import completions, evaluate, score
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.losses import aggregate, clipped_surrogate
-from prorl_bench.outputs import RunWriter
 from prorl_bench.reference import build_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
+from prorl_bench.sinks import open_writer
 from prorl_bench.tasks import CharTokenizer, make_task
 
 
@@ -100,7 +100,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
     objective = "trust_region_vs_old" if ref.model is None else "kl_to_reference"
 
-    out = RunWriter(run_dir)
+    out = open_writer(cfg, run_dir)  # JSONL files (+ TensorBoard / W&B when tracking.* is on)
     out.event(
         0,
         "start",
