@@ -173,7 +173,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
 
         # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
-        sums = {k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")}
+        sums: dict[str, Any] = {
+            k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
+        }
         n_mb = 0
         ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
         with acct.stage("update"), autocast:
@@ -208,22 +210,24 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     check_finite(grad_norm, step, "update", "grad_norm")
                     optimizer.step()
                     n_mb += 1
-                    sums["loss/total"] += float(loss)
-                    sums["loss/pg"] += float(pg)
-                    sums["loss/kl"] += float(kl_loss)
-                    sums["entropy"] += float(ent)
-                    sums["clip_frac"] += float(aggregate(clipped.float(), mb_mask, a.loss_agg))
-                    sums["grad_norm"] += float(grad_norm)
-                    sums["kl/old"] += float(
-                        aggregate(kl_per_token(KLName.k3, logp.detach(), logp_old[idx]), mb_mask, a.loss_agg)
-                    )
+                    # accumulate on device; one host transfer per step (no syncs inside the loop)
+                    for key, val in (
+                        ("loss/total", loss),
+                        ("loss/pg", pg),
+                        ("loss/kl", kl_loss),
+                        ("entropy", ent),
+                        ("clip_frac", aggregate(clipped.float(), mb_mask, a.loss_agg)),
+                        ("grad_norm", grad_norm),
+                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, a.loss_agg)),
+                    ):
+                        sums[key] = sums[key] + val.detach()
 
         # 7. log one metrics row
         row: dict[str, Any] = {"step": step}
         row["reward/mean"] = float(rewards.mean())
         row["reward/std"] = float(rewards.std())
         row["success_rate"] = sum(success_list) / len(success_list)
-        row.update({k: (v / n_mb if n_mb else float("nan")) for k, v in sums.items()})
+        row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
         row.update(_reference_kl(cfg, ref.model is not None, logp_old, ref_rows, mask, rows))
         row["kl/beta"] = a.beta
         row["lr"] = optimizer.param_groups[0]["lr"]
