@@ -35,8 +35,10 @@ def main() -> None:
     results = {}
     for variant in args.variants.split(","):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            raw = compose("config", overrides=[f"variant={variant}", f"steps={args.steps}",
-                                               f"eval_every={args.steps}", *args.overrides])
+            raw = compose(
+                "config",
+                overrides=[f"variant={variant}", f"steps={args.steps}", f"eval_every={args.steps}", *args.overrides],
+            )
         cfg = to_config(raw)
         train(cfg, tmp / variant, Path("outputs/base_cache").resolve(), threads=args.threads)
         rows = read_jsonl(tmp / variant / "metrics.jsonl")[5:]
@@ -46,23 +48,29 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     peak = measured_matmul_peak(torch.device("cpu"))
-    print(f"\nthreads={args.threads}  measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s  "
-          f"(median over steps 6..{args.steps})\n")
+    print(
+        f"\nthreads={args.threads}  measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s  "
+        f"(median over steps 6..{args.steps})\n"
+    )
     head = f"{'variant':8}{'steps/s':>9}{'tok/s':>9}{'samples/s':>11}{'MFU':>7}{'ref fwd':>9}{'ref tok':>9}"
     head += "".join(f"{s:>13}" for s in STAGES if s not in ("reset", "growth"))
     print(head)
     for v, m in results.items():
-        line = (f"{v:8}{1 / m['time/step']:9.2f}{m['throughput/tokens_per_s']:9.0f}"
-                f"{m['throughput/samples_per_s']:11.0f}{m['perf/mfu']:7.1%}"
-                f"{m['count/ref_fwd']:9.0f}{m['tokens/ref_fwd']:9.0f}")
+        line = (
+            f"{v:8}{1 / m['time/step']:9.2f}{m['throughput/tokens_per_s']:9.0f}"
+            f"{m['throughput/samples_per_s']:11.0f}{m['perf/mfu']:7.1%}"
+            f"{m['count/ref_fwd']:9.0f}{m['tokens/ref_fwd']:9.0f}"
+        )
         line += "".join(f"{m[f'time/{s}'] / m['time/step']:13.1%}" for s in STAGES if s not in ("reset", "growth"))
         print(line)
     a1 = results.get("A1")
     if a1:
         print()
         for v, m in results.items():
-            print(f"{v}: time/step {m['time/step'] * 1e3:.1f} ms = {m['time/step'] / a1['time/step']:.2f}x A1; "
-                  f"ref time {m['time/ref_logprob'] * 1e3:.2f} ms/step")
+            print(
+                f"{v}: time/step {m['time/step'] * 1e3:.1f} ms = {m['time/step'] / a1['time/step']:.2f}x A1; "
+                f"ref time {m['time/ref_logprob'] * 1e3:.2f} ms/step"
+            )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((Path(CONF_DIR) / g).glob
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
+    if group == "reset":
+        overrides.append("variant=C")  # resets are variant C's
     if group == "hardware" and option == "cuda":
         cfg = make_config(overrides)  # validates without a GPU; the device is resolved at run time
         assert cfg.hardware.device.value == "cuda"
