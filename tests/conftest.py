@@ -23,6 +23,14 @@ FAST = [
 ]
 
 
+TIMING_PREFIXES = ("time/", "throughput/", "perf/flops_per_s", "perf/mfu")
+
+
+def strip_timing(rows: list[dict]) -> list[dict]:
+    """Metrics rows without wall-clock fields (what must be identical across equivalent runs)."""
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in rows]
+
+
 def compose_cfg(overrides: list[str] | None = None):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides or []))
