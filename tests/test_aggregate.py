@@ -7,10 +7,11 @@ import math
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
-from sweep_factory import metric_rows, write_multirun_yaml, write_run
 
 from prorl_bench import aggregate as agg
 from prorl_bench.sweepdir import SweepDirError, load_sweep
+
+from .sweep_factory import metric_rows, write_multirun_yaml, write_run
 
 T975_DF2 = 4.3026527  # Student t, 97.5% quantile, 2 degrees of freedom
 

@@ -17,7 +17,11 @@ from prorl_bench.searchpath import CONF_DIR, SWEEPS_DIR
 register_configs()
 GRIDS = sorted(p.stem for p in (SWEEPS_DIR / "sweep").glob("*.yaml"))
 # Groups a grid may need that arrive with other features (variant C: reset / opt_reset).
-NEEDS = {"reset_semantics": ["reset", "opt_reset", "variant/C.yaml"]}
+NEEDS = {
+    "reset_semantics": ["reset", "opt_reset", "variant/C.yaml"],
+    "ablation": ["variant/C.yaml"],
+    "ablation_small": ["variant/C.yaml"],
+}
 
 
 def _compose(overrides: list[str], hydra: bool = True):
@@ -66,13 +70,20 @@ def _product_size(params: dict) -> int:
 
 def test_command_line_overrides_the_grid():
     params = dict(_compose(["+sweep=ablation"]).hydra.sweeper.params)
-    jobs = _jobs(params, ["+sweep=ablation", "seed=7", "variant=A1,B", "steps=5"])
+    jobs = _jobs(params, ["+sweep=ablation", "seed=7", "+arm=A1,B", "steps=5"])
     assert sorted(tuple(sorted(j)) for j in jobs) == sorted(
-        tuple(sorted([f"variant={v}", "seed=7", "+sweep=ablation", "steps=5"])) for v in ("A1", "B")
+        tuple(sorted([f"+arm={v}", "seed=7", "+sweep=ablation", "steps=5"])) for v in ("A1", "B")
     )
     cfg = _compose(["+sweep=ablation", "steps=5", "hydra/launcher=slurm"])
     assert cfg.steps == 5
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.cpus_per_task == 1
+
+
+def test_ablation_arms_select_their_variant_and_c_resets():
+    for arm in ("A0", "A1", "A2", "B", "C"):
+        conf = _validate(["+sweep=ablation", f"+arm={arm}"])
+        assert conf.variant.name.value == arm
+        assert (conf.reset.trigger.value != "none") == (arm == "C")
 
 
 def test_kl_grid_pairs_are_valid_and_distinct():
