@@ -84,11 +84,14 @@ def _event_steps(run: RunRecord, name: str) -> list[float]:
     return [float(e["step"]) for e in run.events if e.get("event") == name and "step" in e]
 
 
+REPORTED_RECOVERY_KEY = "recovery/mean_steps"  # written by the trainer for variant C (None: never recovered)
+
+
 def _reported_recovery(summary: dict[str, Any] | None) -> float:
-    """A numeric summary.json value whose key mentions recovery (the resets code owns its name)."""
-    for key, value in (summary or {}).items():
-        if "recover" in key.lower() and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+    """The trainer's own post-reset recovery figure from summary.json (nan when absent or null)."""
+    value = (summary or {}).get(REPORTED_RECOVERY_KEY)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     return stats.NAN
 
 

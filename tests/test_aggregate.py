@@ -109,14 +109,15 @@ def test_resets_growth_and_reported_recovery(tmp_path):
     events = [{"step": 0, "event": "start", "reason": "run"}, {"step": 4, "event": "reset", "reason": "periodic"},
               {"step": 6, "event": "growth", "reason": "schedule"}]
     write_run(tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events,
-              summary={"status": "completed", "reset/recovery_steps_mean": 2.5})
-    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows(rewards), summary={"status": "completed"})
+              summary={"status": "completed", "recovery/mean_steps": 2.5, "recovery/unrecovered": 0})
+    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows(rewards),
+              summary={"status": "completed", "recovery/mean_steps": None, "recovery/unrecovered": 3})
     res = agg.aggregate(tmp_path, window=1, figures=False)
     c, a1 = _group(res, "C"), _group(res, "A1")
     assert c["n_resets_mean"] == 1 and c["n_growths_mean"] == 1
     assert c["recovery_steps_mean"] == 3.0  # back to 0.8 at step 7
     assert c["recovery_reported_mean"] == 2.5
-    assert a1["n_resets_mean"] == 0 and math.isnan(a1["recovery_reported_mean"])  # absent key tolerated
+    assert a1["n_resets_mean"] == 0 and math.isnan(a1["recovery_reported_mean"])  # null tolerated
 
 
 def test_cli_writes_tables_and_figures(sweep_dir, capsys):
