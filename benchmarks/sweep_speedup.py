@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_speedup.py                       # +sweep=ablation_small, full length
     python benchmarks/sweep_speedup.py steps=30 seed=0,1     # any Hydra override is passed through
+    REPEATS=3 python benchmarks/sweep_speedup.py steps=40    # alternate 2,1,1,2,... and take medians
 
 Both runs use the identical grid and one torch thread per job (multirun mode), and the warm-up base is
 cached beforehand, so the only difference is how many jobs run at once. The aggregation callback is
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,31 +33,37 @@ def timed(args: list[str]) -> float:
     return wall
 
 
-def main(overrides: list[str]) -> dict:
+def main(overrides: list[str], repeats: int = 1) -> dict:
     out_dir = Path("outputs/benchmarks")
     out_dir.mkdir(parents=True, exist_ok=True)
+    walls: dict[int, list[float]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="speedup-") as tmp:
         # cache the warm-up base once (it is keyed by task/model/warmup, shared by every job)
         timed(["steps=1", "progress=false", f"hydra.run.dir={tmp}/warm", *overrides])
-        walls = {}
-        for n_jobs in (2, 1):
-            walls[n_jobs] = timed(["-m", GRID, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={tmp}/n{n_jobs}",
-                                   "hydra.callbacks={}", *overrides])
-            n_runs = sum(1 for _ in Path(f"{tmp}/n{n_jobs}").glob("*/summary.json"))
-            print(f"n_jobs={n_jobs}: {walls[n_jobs]:.1f} s wall for {n_runs} runs", flush=True)
+        order = [2, 1, 1, 2] * repeats
+        for i, n_jobs in enumerate(order[: 2 * repeats]):
+            sweep_dir = f"{tmp}/r{i}_n{n_jobs}"
+            wall = timed(["-m", GRID, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={sweep_dir}",
+                          "~hydra.callbacks.aggregate", *overrides])
+            n_runs = sum(1 for _ in Path(sweep_dir).glob("*/summary.json"))
+            walls[n_jobs].append(wall)
+            print(f"n_jobs={n_jobs}: {wall:.1f} s wall for {n_runs} runs", flush=True)
+    med = {n: statistics.median(w) for n, w in walls.items()}
     result = {
         "grid": GRID,
         "overrides": overrides,
         "cpus": os.cpu_count(),
-        "wall_s_n_jobs_1": walls[1],
-        "wall_s_n_jobs_2": walls[2],
-        "speedup": walls[1] / walls[2],
-        "runs": n_runs,
+        "load_avg_1min_at_end": os.getloadavg()[0],
+        "walls_s": {f"n_jobs_{n}": w for n, w in walls.items()},
+        "median_wall_s_n_jobs_1": med[1],
+        "median_wall_s_n_jobs_2": med[2],
+        "speedup": med[1] / med[2],
+        "runs_per_sweep": n_runs,
     }
     (out_dir / "sweep_speedup.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"speed-up 2 workers vs 1: {result['speedup']:.2f}x  ({walls[1]:.1f} s -> {walls[2]:.1f} s)")
+    print(f"speed-up 2 workers vs 1: {result['speedup']:.2f}x  ({med[1]:.1f} s -> {med[2]:.1f} s, medians)")
     return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1:], repeats=int(os.environ.get("REPEATS", "1")))

@@ -85,7 +85,7 @@ def test_jobs_are_isolated_in_a_reused_process(tmp_path, sweep_cache):
     common = [f"warmup.cache_dir={sweep_cache}", *TINY]
     multi = _run(["-m", "prorl_bench.app", "-m", "+sweep=ablation", "+arm=A1", "seed=1,0",
                   "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'multi'}",
-                  "hydra.callbacks={}", *common], cwd=tmp_path)
+                  "~hydra.callbacks.aggregate", *common], cwd=tmp_path)
     assert multi.returncode == 0, multi.stderr[-3000:]
     single = _run(["-m", "prorl_bench.app", "seed=0", "hardware.torch_threads=1", "progress=false",
                    f"hydra.run.dir={tmp_path / 'single'}", *common], cwd=tmp_path)
