@@ -13,7 +13,8 @@ All of this happens before any model is built or any step is trained.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -126,6 +127,11 @@ class Migration(str, Enum):
     preserve = "preserve"  # old slice keeps m, v by index; new slice zero; step kept
     reset = "reset"  # fresh state for the grown adapters
     naive = "naive"  # rebuild the optimizer on the new parameters: all state silently lost (baseline)
+
+
+class NonFinitePolicy(str, Enum):
+    fail = "fail"  # stop the run: status failed, step/stage/tensor named
+    skip_batch = "skip_batch"  # skip the minibatch (or the step's update) with a counted warning
 
 
 class ModelKind(str, Enum):
@@ -403,6 +409,21 @@ class GrowthConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = 50  # steps between checkpoints; 0 disables (a preemption signal still checkpoints)
+    keep_last: int = 2
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 0, "checkpoint.every", self.every, ">= 0 (0 disables)")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, ">= 1")
+
+
+@dataclass
+class GuardConfig:
+    nonfinite: NonFinitePolicy = NonFinitePolicy.fail
+
+
+@dataclass
 class HardwareConfig:
     device: Device = Device.cpu
     torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
@@ -472,6 +493,8 @@ class Config:
     kl_ctl: KLControlConfig = field(default_factory=KLControlConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     growth: GrowthConfig = field(default_factory=GrowthConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     seed: int = 0
     steps: int = 150
@@ -480,6 +503,7 @@ class Config:
     run_dir: str | None = None  # None: Hydra's output directory
 
     def __post_init__(self) -> None:
+        _reject_nonfinite(self)
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
         _require(self.seed >= 0, "seed", self.seed, ">= 0")
@@ -536,6 +560,16 @@ class Config:
             self.model.max_seq_len,
             f">= {max_prompt + max_completion + 1} for task {self.task.name.value} with max_len={self.task.max_len}",
         )
+
+
+def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
+    """No float anywhere in the config may be NaN or infinite."""
+    for f in fields(obj):
+        val = getattr(obj, f.name)
+        if is_dataclass(val):
+            _reject_nonfinite(val, f"{prefix}{f.name}.")
+        elif isinstance(val, float):
+            _require(math.isfinite(val), f"{prefix}{f.name}", val, "a finite number")
 
 
 def _task_lengths(task: TaskConfig) -> tuple[int, int]:
