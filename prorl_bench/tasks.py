@@ -135,12 +135,13 @@ class Task:
         if self._val is None:
             rng = random.Random(0xC0FFEE)
             seen: dict[str, Problem] = {}
-            for _ in range(200 * self.cfg.val_size):
+            since_new = 0  # small problem spaces run dry: stop after 5000 draws without a new one
+            while len(seen) < self.cfg.val_size and since_new < 5000:
                 p = self._problem(rng)
-                if self.is_val(p):
-                    seen.setdefault(p.prompt, p)
-                    if len(seen) >= self.cfg.val_size:
-                        break
+                since_new += 1
+                if self.is_val(p) and p.prompt not in seen:
+                    seen[p.prompt] = p
+                    since_new = 0
             if not seen:
                 raise ConfigError(
                     f"task {self.name}: no validation problems with min_len={self.cfg.min_len}, "
