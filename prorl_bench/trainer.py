@@ -18,15 +18,15 @@ import torch
 
 from prorl_bench.accounting import StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
-from prorl_bench.base import load_or_train_base
 from prorl_bench.config import Config, ConfigError, Device, DType, K2Mode, KLName, KLPlacement
 from prorl_bench.evaluation import completions, evaluate, score
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.losses import aggregate, clipped_surrogate
 from prorl_bench.outputs import RunWriter
+from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import build_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
-from prorl_bench.tasks import CharTokenizer, make_task
+from prorl_bench.tasks import make_task
 
 
 class NonFiniteError(FloatingPointError):
@@ -69,13 +69,14 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     device = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
-    tok = CharTokenizer()
-    banned = (tok.PAD, tok.BOS)
+    tok = build_tokenizer(cfg)  # CharTokenizer, or the HF checkpoint's tokenizer
+    banned = tuple(tok.banned_ids)
     task = make_task(cfg.task)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.hardware.dtype == DType.bf16 else nullcontext()
+    bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    # -- the base policy (cached warm-up) and the variant's reference strategy
-    policy, base_info = load_or_train_base(cfg, task, tok, device, cache_root)
+    # -- the base policy (cached warm-up; an HF model as loaded) and the variant's reference strategy
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root)
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
     policy.train()
     batch_size = a.prompts_per_step * a.group_size
