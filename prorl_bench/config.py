@@ -82,6 +82,37 @@ class LossAgg(str, Enum):
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
 
 
+class ResetTrigger(str, Enum):
+    none = "none"
+    periodic = "periodic"  # every `every` steps
+    kl_spike = "kl_spike"  # KL to reference above a threshold or a multiple of its running mean
+    stall = "stall"  # held-out metric has not improved for `patience` evaluations
+    polyak = "polyak"  # pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref every `every` steps
+
+
+class StallMetric(str, Enum):
+    success_greedy = "val/success_greedy"
+    success_sampled = "val/success_sampled"
+    reward_mean = "val/reward_mean"
+
+
+class OptResetKind(str, Enum):
+    keep = "keep"  # ProRL v2: optimizer untouched
+    hard = "hard"  # ProRL v1: m = v = 0, step = 0, LR schedule restarted (= a fresh optimizer)
+    soft = "soft"  # m <- f m, v <- f v
+    asym = "asym"  # m <- f_m m, v <- f_v v (e.g. forget direction, keep curvature)
+
+
+class StepPolicy(str, Enum):
+    keep = "keep"
+    reset = "reset"
+
+
+class KLControlKind(str, Enum):
+    fixed = "fixed"
+    adaptive = "adaptive"
+
+
 class ModelKind(str, Enum):
     native = "native"  # prorl_bench.model.TransformerPolicy over the character tokenizer
     hf_causal_lm = "hf_causal_lm"  # any local Hugging Face causal-LM directory (model.path)
@@ -257,6 +288,7 @@ class AlgoConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    lr_warmup_steps: int = 0  # linear LR warm-up at the start (and after a hard reset)
     adv_eps: float = 1e-6  # added to std in group/batch normalisation
 
     def __post_init__(self) -> None:
@@ -290,6 +322,94 @@ class AlgoConfig:
         _require(self.adam_eps > 0, "algo.adam_eps", self.adam_eps, "> 0")
         _require(self.grad_clip >= 0, "algo.grad_clip", self.grad_clip, ">= 0 (0 disables)")
         _require(self.adv_eps > 0, "algo.adv_eps", self.adv_eps, "> 0")
+        _require(self.lr_warmup_steps >= 0, "algo.lr_warmup_steps", self.lr_warmup_steps, ">= 0")
+
+
+@dataclass
+class ResetConfig:
+    """Reference-reset trigger (variant C). ``min_spacing``: no two resets closer than this (steps)."""
+
+    trigger: ResetTrigger = ResetTrigger.none
+    every: int = 50  # periodic / polyak period (steps)
+    kl_threshold: float | None = None  # kl_spike: absolute threshold on kl/ref
+    kl_multiple: float | None = None  # kl_spike: threshold as a multiple of the running mean
+    kl_ema: float = 0.9  # kl_spike: decay of the running mean of kl/ref
+    kl_warmup: int = 5  # kl_spike: steps of running-mean history before the multiple applies
+    metric: StallMetric = StallMetric.success_greedy  # stall: held-out metric watched
+    patience: int = 2  # stall: evaluations without improvement before a reset
+    min_delta: float = 0.0  # stall: an improvement must exceed the best by more than this
+    alpha: float = 0.6  # polyak mixing weight of pi_theta (TRL ref_model_mixup_alpha)
+    min_spacing: int = 0
+    restore_beta: bool = False  # reset the adaptive KL coefficient to its initial value
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 1, "reset.every", self.every, ">= 1")
+        _require(self.min_spacing >= 0, "reset.min_spacing", self.min_spacing, ">= 0")
+        _require(0 < self.alpha <= 1, "reset.alpha", self.alpha, "in (0, 1]")
+        _require(0 <= self.kl_ema < 1, "reset.kl_ema", self.kl_ema, "in [0, 1)")
+        _require(self.kl_warmup >= 0, "reset.kl_warmup", self.kl_warmup, ">= 0")
+        _require(self.patience >= 1, "reset.patience", self.patience, ">= 1")
+        _require(self.min_delta >= 0, "reset.min_delta", self.min_delta, ">= 0")
+        _require(
+            self.kl_threshold is None or self.kl_threshold > 0, "reset.kl_threshold", self.kl_threshold, "null or > 0"
+        )
+        _require(self.kl_multiple is None or self.kl_multiple > 1, "reset.kl_multiple", self.kl_multiple, "null or > 1")
+        _require(
+            self.trigger != ResetTrigger.kl_spike or (self.kl_threshold is not None or self.kl_multiple is not None),
+            "reset.kl_threshold",
+            self.kl_threshold,
+            "a value (or reset.kl_multiple) when reset.trigger=kl_spike",
+        )
+
+
+@dataclass
+class OptResetConfig:
+    """What a reset does to AdamW's state (S3). Every kind states its ``step`` policy explicitly.
+
+    ``rewarmup_steps`` > 0 ramps the LR linearly from lr/N back to lr over N steps after a reset.
+    """
+
+    kind: OptResetKind = OptResetKind.keep
+    factor: float = 0.1  # soft: m and v scaled by this
+    m_factor: float = 0.0  # asym: first moment scaled by this
+    v_factor: float = 1.0  # asym: second moment scaled by this
+    step: StepPolicy = StepPolicy.keep
+    rewarmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("factor", "m_factor", "v_factor"):
+            val = getattr(self, key)
+            _require(0.0 <= val <= 1.0, f"opt_reset.{key}", val, "in [0, 1]")
+        _require(self.rewarmup_steps >= 0, "opt_reset.rewarmup_steps", self.rewarmup_steps, ">= 0")
+        _require(
+            self.kind != OptResetKind.hard or self.step == StepPolicy.reset,
+            "opt_reset.step",
+            self.step.value,
+            "'reset' with kind=hard (a hard reset must equal a freshly built optimizer)",
+        )
+        _require(
+            self.kind != OptResetKind.keep or self.step == StepPolicy.keep,
+            "opt_reset.step",
+            self.step.value,
+            "'keep' with kind=keep (keep changes nothing)",
+        )
+
+
+@dataclass
+class KLControlConfig:
+    """KL coefficient: fixed at algo.beta, or adaptive toward ``target`` (PPO / verl style)."""
+
+    kind: KLControlKind = KLControlKind.fixed
+    target: float = 0.05  # target KL per token (nats, kl/ref)
+    horizon: int = 100  # steps over which a 20% proportional error moves beta by ~20%
+    beta_min: float = 1e-5
+    beta_max: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.target > 0, "kl_ctl.target", self.target, "> 0")
+        _require(self.horizon >= 1, "kl_ctl.horizon", self.horizon, ">= 1")
+        _require(self.beta_min >= 0, "kl_ctl.beta_min", self.beta_min, ">= 0")
+        _require(self.beta_max >= self.beta_min, "kl_ctl.beta_max", self.beta_max, f">= beta_min ({self.beta_min})")
 
 
 @dataclass
@@ -360,6 +480,9 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    reset: ResetConfig = field(default_factory=ResetConfig)
+    opt_reset: OptResetConfig = field(default_factory=OptResetConfig)
+    kl_ctl: KLControlConfig = field(default_factory=KLControlConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     seed: int = 0
     steps: int = 150
@@ -386,6 +509,18 @@ class Config:
             "'theta_over_ref' with placement=loss (ref_over_old has no gradient w.r.t. theta; it can "
             "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
         )
+        _require(
+            self.reset.trigger == ResetTrigger.none or self.variant.name == VariantName.C,
+            "reset",
+            self.reset.trigger.value,
+            f"'none' with variant {self.variant.name.value} (reference resets are variant C)",
+        )
+        _require(
+            not (self.kl_ctl.kind == KLControlKind.adaptive and self.algo.beta == 0),
+            "algo.beta",
+            self.algo.beta,
+            "> 0 with kl_ctl=adaptive (a multiplicative controller cannot move beta from 0)",
+        )
         if self.model.kind != ModelKind.native:
             return  # an HF model's context length is checked against its own config when loaded
         max_prompt, max_completion = _task_lengths(self.task)
@@ -403,16 +538,6 @@ def _task_lengths(task: TaskConfig) -> tuple[int, int]:
 
     t = make_task(task)
     return t.max_prompt_len, t.max_completion_len
-
-
-GROUPS = {
-    "task": TaskConfig,
-    "variant": VariantConfig,
-    "kl_estimator": KLConfig,
-    "model": ModelConfig,
-    "algo": AlgoConfig,
-    "hardware": HardwareConfig,
-}
 
 
 def register_configs() -> None:

@@ -18,14 +18,29 @@ import torch
 
 from prorl_bench.accounting import StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
-from prorl_bench.config import Config, ConfigError, Device, DType, K2Mode, KLName, KLPlacement
+from prorl_bench.config import (
+    Config,
+    ConfigError,
+    Device,
+    DType,
+    K2Mode,
+    KLName,
+    KLPlacement,
+    LossAgg,
+    OptResetKind,
+    ResetTrigger,
+)
 from prorl_bench.evaluation import completions, evaluate, score
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
+from prorl_bench.kl_control import KLController
 from prorl_bench.losses import aggregate, clipped_surrogate
+from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.outputs import RunWriter
 from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import build_reference
+from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
+from prorl_bench.schedule import LRSchedule
 from prorl_bench.tasks import make_task
 
 
@@ -98,6 +113,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         eps=a.adam_eps,
         weight_decay=a.weight_decay,
     )
+    schedule = LRSchedule(a.lr, a.lr_warmup_steps)
+    kl_ctl = KLController(a.beta, cfg.kl_ctl)
+    resets = ResetSchedule(cfg.reset)
     kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
     objective = "trust_region_vs_old" if ref.model is None else "kl_to_reference"
 
@@ -123,6 +141,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
 
     for step in range(1, cfg.steps + 1):
         acct.reset()
+        beta = kl_ctl.value
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.lr(step)
 
         # 1. rollout: prompts_per_step prompts x group_size samples, KV-cached sampling
         with acct.stage("rollout"), autocast:
@@ -160,23 +181,26 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
 
         # 5. advantages, with the KL optionally folded into the reward, and dynamic sampling
         shaped = rewards
-        if kl_cfg.placement == KLPlacement.reward and a.beta > 0:
+        if kl_cfg.placement == KLPlacement.reward and beta > 0:
             all_rows = torch.arange(len(batch), device=device)
             logp_ref_all = ref.logp(all_rows, batch, acct)
             if kl_cfg.name == KLName.k2 and kl_cfg.k2_mode == K2Mode.ref_over_old:
                 kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
             else:
                 kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
-            shaped = rewards - a.beta * (kl_tok * mask).sum(-1).view_as(rewards)
+            shaped = rewards - beta * (kl_tok * mask).sum(-1).view_as(rewards)
         adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
         check_finite(adv, step, "advantages", "advantages")
         keep = informative_groups(rewards) if a.dynamic_sampling else torch.ones_like(rewards[:, 0], dtype=torch.bool)
         rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
 
         # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
-        sums = {k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")}
+        sums: dict[str, Any] = {
+            k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
+        }
         n_mb = 0
         ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
+        params_before = [p.detach().clone() for p in policy.parameters()]
         with acct.stage("update"), autocast:
             for epoch in range(a.ppo_epochs if len(rows) else 0):
                 perm = rows[torch.randperm(len(rows), generator=shuffle_gen).to(device)]
@@ -200,7 +224,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                         kl_tok = kl_per_token(kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
                         kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
                     ent = aggregate(entropy, mb_mask, a.loss_agg)
-                    loss = pg + a.beta * kl_loss - a.entropy_coef * ent
+                    loss = pg + beta * kl_loss - a.entropy_coef * ent
                     check_finite(loss, step, "update", "loss/total")
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -209,36 +233,53 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     check_finite(grad_norm, step, "update", "grad_norm")
                     optimizer.step()
                     n_mb += 1
-                    sums["loss/total"] += float(loss)
-                    sums["loss/pg"] += float(pg)
-                    sums["loss/kl"] += float(kl_loss)
-                    sums["entropy"] += float(ent)
-                    sums["clip_frac"] += float(aggregate(clipped.float(), mb_mask, a.loss_agg))
-                    sums["grad_norm"] += float(grad_norm)
-                    sums["kl/old"] += float(
-                        aggregate(kl_per_token(KLName.k3, logp.detach(), logp_old[idx]), mb_mask, a.loss_agg)
-                    )
+                    # accumulate on device; one host transfer per step (no syncs inside the loop)
+                    for key, val in (
+                        ("loss/total", loss),
+                        ("loss/pg", pg),
+                        ("loss/kl", kl_loss),
+                        ("entropy", ent),
+                        ("clip_frac", aggregate(clipped.float(), mb_mask, a.loss_agg)),
+                        ("grad_norm", grad_norm),
+                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, a.loss_agg)),
+                    ):
+                        sums[key] = sums[key] + val.detach()
 
-        # 7. log one metrics row
         row: dict[str, Any] = {"step": step}
         row["reward/mean"] = float(rewards.mean())
         row["reward/std"] = float(rewards.std())
         row["success_rate"] = sum(success_list) / len(success_list)
-        row.update({k: (v / n_mb if n_mb else float("nan")) for k, v in sums.items()})
+        row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
         row.update(_reference_kl(cfg, ref.model is not None, logp_old, ref_rows, mask, rows))
-        row["kl/beta"] = a.beta
+        row["kl/beta"] = beta
         row["lr"] = optimizer.param_groups[0]["lr"]
+        row["update_norm"] = _update_norm(params_before, policy)
         row["response_len"] = float(mask.sum(-1).mean())
         row["ds/kept_frac"] = len(rows) / len(batch)
-        row.update(acct.row(len(batch), n_gen, peak))
-        out.metrics(row)
-        history.append(row)
 
+        # 7. held-out validation (feeds the stall trigger)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
             v = {"step": step, **evaluate(policy, task, tok, val_problems, a.temperature, vgen, device)}
             out.validation(v)
             val_rows.append(v)
+            resets.observe_validation(v[cfg.reset.metric.value])
+
+        # 8. reference reset at the step boundary (variant C): S1 reference, S3 optimizer state
+        resets.observe_step(step, None if ref.model is None else row["kl/ref"])
+        reason = resets.due(step) if ref.model is not None else None
+        row["reset"] = int(reason is not None)
+        if reason is not None:
+            with acct.stage("reset"):
+                info = _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, mb_size)
+            resets.mark_reset(step)
+            out.event(step, "reset", reason, **info)
+        kl_ctl.update(row["kl/ref"] if ref.model is not None else row["kl/old"])
+
+        # 9. log one metrics row
+        row.update(acct.row(len(batch), n_gen, peak))
+        out.metrics(row)
+        history.append(row)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -251,10 +292,71 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     if bar is not None:
         bar.close()
     summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
+    reset_at = [r["step"] for r in history if r["reset"]]
+    recov = recovery_steps([r["reward/mean"] for r in history], reset_at)
+    done = [x for x in recov if x is not None]
+    summary.update(
+        {
+            "resets": len(reset_at),
+            "reset_steps": reset_at,
+            "recovery/steps": recov,
+            "recovery/mean_steps": sum(done) / len(done) if done else None,
+            "recovery/unrecovered": len(recov) - len(done),
+        }
+    )
     out.event(cfg.steps, "end", "completed")
     out.summary(summary)
     out.close()
     return summary
+
+
+def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk) -> dict[str, Any]:
+    """Reset pi_ref (copy, or polyak alpha-mix) and transform the optimizer state; describe it.
+
+    The KL of the current policy to the reference is measured on this step's rollout just before
+    and just after the reset (one policy and two reference forwards, charged to time/reset).
+    """
+    t = cfg.algo.temperature
+    polyak = cfg.reset.trigger == ResetTrigger.polyak
+    logp = chunked_logprobs(policy, batch, t, banned, chunk)
+    _count_policy_forward(acct, policy, batch, backward=False)
+
+    def kl_now() -> float:
+        ref._forward_cost(acct, batch)
+        lr = chunked_logprobs(ref.model, batch, t, banned, chunk)
+        return float(aggregate(kl_per_token(KLName.k3, logp, lr), batch.completion_mask, LossAgg.token))
+
+    kl_before = kl_now()
+    m_before, v_before = moment_norms(optimizer)
+    reset_reference(ref.model, policy, cfg.reset.alpha if polyak else 1.0)
+    opt_info = apply_opt_reset(optimizer, cfg.opt_reset)
+    o = cfg.opt_reset
+    if o.kind == OptResetKind.hard:  # a fresh optimizer comes with a fresh LR schedule
+        schedule.restart(step + 1, max(cfg.algo.lr_warmup_steps, o.rewarmup_steps))
+    elif o.rewarmup_steps > 0:
+        schedule.restart(step + 1, o.rewarmup_steps)
+    if cfg.reset.restore_beta:
+        kl_ctl.restore()
+    m_after, v_after = moment_norms(optimizer)
+    return {
+        "action": "polyak" if polyak else "copy",
+        "alpha": cfg.reset.alpha if polyak else 1.0,
+        "kl_before": kl_before,
+        "kl_after": kl_now(),
+        **opt_info,
+        "m_norm_before": m_before,
+        "m_norm_after": m_after,
+        "v_norm_before": v_before,
+        "v_norm_after": v_after,
+        "next_lr": schedule.lr(step + 1),
+        "beta_after": kl_ctl.value,
+    }
+
+
+def _update_norm(before: list[torch.Tensor], policy: torch.nn.Module) -> float:
+    """L2 norm of this step's parameter change (all PPO epochs/minibatches together)."""
+    sq = sum(float((p.detach() - b).double().square().sum()) for b, p in zip(before, policy.parameters()))
+    return sq**0.5
 
 
 def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:

@@ -1,0 +1,73 @@
+"""KL estimators against closed forms on small categorical distributions (exact expectations)."""
+
+import torch
+
+from prorl_bench.config import KLName
+from prorl_bench.kl import k1, k2, k2_ref_over_old, k3, kl_per_token
+
+
+def _dists(seed=0, n=7):
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(n, generator=g, dtype=torch.float64, requires_grad=True)
+    ref = torch.randn(n, generator=g, dtype=torch.float64)
+    return theta, torch.log_softmax(ref, -1)
+
+
+def _expect(p, values):
+    """E_{x~p}[values(x)] with p treated as the sampling distribution (no gradient through it)."""
+    return (p.detach() * values).sum()
+
+
+def test_k1_and_k3_are_unbiased_for_reverse_kl():
+    theta, logq = _dists()
+    logp = torch.log_softmax(theta, -1)
+    kl = (logp.exp() * (logp - logq)).sum()
+    torch.testing.assert_close(_expect(logp.exp(), k1(logp, logq)), kl)
+    torch.testing.assert_close(_expect(logp.exp(), k3(logp, logq)), kl)
+
+
+def test_k2_is_biased_but_its_on_policy_gradient_is_the_reverse_kl_gradient():
+    theta, logq = _dists(1)
+    logp = torch.log_softmax(theta, -1)
+    kl = (logp.exp() * (logp - logq)).sum()
+    (grad_kl,) = torch.autograd.grad(kl, theta, retain_graph=True)
+    value = _expect(logp.exp(), k2(logp, logq))
+    assert not torch.isclose(value, kl)  # biased value
+    (grad_k2,) = torch.autograd.grad(value, theta)
+    torch.testing.assert_close(grad_k2, grad_kl)
+
+
+def test_k3_loss_gradient_is_the_forward_kl_gradient_and_k1_loss_gradient_is_zero():
+    theta, logq = _dists(2)
+    logp = torch.log_softmax(theta, -1)
+    fwd_kl = (logq.exp() * (logq - logp)).sum()  # KL(ref || theta)
+    (grad_fwd,) = torch.autograd.grad(fwd_kl, theta, retain_graph=True)
+    (grad_k3,) = torch.autograd.grad(_expect(logp.exp(), k3(logp, logq)), theta, retain_graph=True)
+    torch.testing.assert_close(grad_k3, grad_fwd)
+    (grad_k1,) = torch.autograd.grad(_expect(logp.exp(), k1(logp, logq)), theta)
+    torch.testing.assert_close(grad_k1, torch.zeros_like(grad_k1))
+
+
+def test_k3_nonnegative_and_zero_at_equality():
+    logp = torch.log_softmax(torch.randn(50), -1)
+    logq = torch.log_softmax(torch.randn(50), -1)
+    assert (k3(logp, logq) >= 0).all()
+    assert torch.equal(k3(logp, logp), torch.zeros(50))
+
+
+def test_clamps_bound_log_ratio_and_value():
+    logp = torch.tensor([0.0, 0.0])
+    logq = torch.tensor([-100.0, 100.0])
+    assert torch.equal(k1(logp, logq), torch.tensor([20.0, -20.0]))  # log-ratio clamp 20
+    v = kl_per_token(KLName.k3, logp, logq, log_ratio_clamp=20.0, kl_clamp=10.0)
+    assert torch.isfinite(v).all() and (v.abs() <= 10.0).all()
+    assert torch.equal(kl_per_token(KLName.k2, logp, logq), torch.tensor([10.0, 10.0]))
+
+
+def test_k2_ref_over_old_matches_blog_formula_and_carries_no_gradient():
+    logp_old = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    logp_ref = torch.tensor([-1.5, -1.0, -30.0])
+    v = k2_ref_over_old(logp_ref, logp_old)
+    expected = 0.5 * torch.tensor([0.5, 1.0, 10.0]) ** 2  # log-ratio clamped to +-10
+    torch.testing.assert_close(v, expected)
+    assert not v.requires_grad

@@ -1,0 +1,54 @@
+"""Tasks: verifiers, held-out split, tokenizer."""
+
+import random
+
+import pytest
+
+from prorl_bench.config import ConfigError, RewardKind, TaskConfig, TaskName
+from prorl_bench.tasks import CharTokenizer, make_task, partial_reward
+
+
+@pytest.mark.parametrize("name", list(TaskName))
+def test_targets_are_correct_and_splits_are_disjoint(name):
+    task = make_task(TaskConfig(name=name, min_len=2, max_len=4))
+    train = task.sample_train(random.Random(0), 300)
+    val = task.val_set()
+    assert not {p.prompt for p in train} & {p.prompt for p in val}
+    for p in train[:50]:
+        x = p.prompt[1:-1]
+        expected = {
+            TaskName.reverse_digits: x[::-1],
+            TaskName.copy: x,
+            TaskName.sort_digits: "".join(sorted(x)),
+            TaskName.parity: str(x.count("1") % 2),
+            TaskName.add: str(sum(int(v) for v in x.split("+"))) if "+" in x else None,
+        }[name]
+        assert p.target == expected
+        assert len(p.prompt) + 1 <= task.max_prompt_len
+        assert len(p.target) + 1 <= task.max_completion_len
+
+
+def test_rewards_exact_and_partial():
+    assert partial_reward("1234", "1234") == 1.0
+    assert partial_reward("1200", "1234") == 0.5
+    assert partial_reward("12", "1234") == 0.5
+    assert partial_reward("123456", "1234") == 4 / 6
+    exact = make_task(TaskConfig(reward=RewardKind.exact))
+    part = make_task(TaskConfig(reward=RewardKind.partial))
+    assert exact.reward("1200", "1234") == 0.0 and part.reward("1200", "1234") == 0.5
+
+
+def test_tiny_problem_space_without_validation_split_fails_clearly():
+    task = make_task(TaskConfig(name=TaskName.parity, min_len=1, max_len=1, val_fraction=0.01))
+    with pytest.raises(ConfigError, match="no validation problems"):
+        task.val_set()
+
+
+def test_tokenizer_roundtrip_and_left_padding():
+    tok = CharTokenizer()
+    assert tok.decode(tok.encode("R123=") + [tok.EOS, 5, 6]) == "R123="
+    ids, mask = tok.encode_prompts(["R1=", "R123="])
+    assert ids.shape == (2, 6) and mask[0].tolist() == [False, False, True, True, True, True]
+    assert ids[0, 2] == tok.BOS
+    with pytest.raises(ValueError, match="outside"):
+        tok.encode("é")

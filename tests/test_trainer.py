@@ -1,0 +1,130 @@
+"""Trainer invariants: A0 = A1 = A2 trajectories, reference accounting, B has no reference,
+determinism, A2's buffer is never reallocated, non-finite values fail the run."""
+
+import json
+
+import pytest
+
+from prorl_bench.outputs import read_jsonl
+
+from .conftest import strip_timing
+
+
+def _metrics(run_dir):
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def test_a0_a1_a2_identical_trajectories_and_ref_forward_ratio(run_exp):
+    rows = {}
+    for v in ("A0", "A1", "A2"):
+        summary, d = run_exp([f"variant={v}", "algo.ppo_epochs=2", "algo.minibatches=2"], name=v)
+        assert summary["status"] == "completed"
+        rows[v] = _metrics(d)
+    for key in ("loss/total", "reward/mean", "kl/ref", "loss/kl", "grad_norm", "success_rate"):
+        a0, a1, a2 = ([r[key] for r in rows[v]] for v in ("A0", "A1", "A2"))
+        assert a0 == a1 == a2, key
+    for r0, r1 in zip(rows["A0"], rows["A1"]):
+        assert r1["count/ref_fwd"] == 1
+        assert r0["count/ref_fwd"] == 2 * 2 * r1["count/ref_fwd"]
+        assert r0["tokens/ref_fwd"] == 2 * r1["tokens/ref_fwd"]  # each epoch sees every row once
+    assert any(r["kl/ref"] > 0 for r in rows["A1"][1:])
+
+
+def test_variant_b_builds_no_reference_and_does_no_reference_forward(run_exp, monkeypatch):
+    import prorl_bench.reference as reference
+
+    def boom(_):
+        raise AssertionError("variant B must not copy the policy into a reference model")
+
+    monkeypatch.setattr(reference, "frozen_copy", boom)
+    summary, d = run_exp(["variant=B"], name="B")
+    assert summary["objective"] == "trust_region_vs_old"
+    rows = _metrics(d)
+    assert all(r["count/ref_fwd"] == 0 and r["tokens/ref_fwd"] == 0 for r in rows)
+    assert all(r["kl/ref"] is None for r in rows)  # no reference: written as null, not 0
+    assert any(r["loss/kl"] > 0 for r in rows)  # the trust region vs pi_old is active
+
+
+def test_same_seed_same_metrics_apart_from_timing(run_exp):
+    _, d1 = run_exp(["seed=3"], name="s1")
+    _, d2 = run_exp(["seed=3"], name="s2")
+    _, d3 = run_exp(["seed=4"], name="s3")
+    assert strip_timing(_metrics(d1)) == strip_timing(_metrics(d2))
+    assert strip_timing(_metrics(d1)) != strip_timing(_metrics(d3))
+    v1, v2 = (read_jsonl(d / "validation.jsonl") for d in (d1, d2))
+    assert v1 == v2 and [r["step"] for r in v1] == [3, 6]
+
+
+def test_a2_buffer_is_allocated_once(base_cache, tmp_path):
+    from prorl_bench import reference, trainer
+
+    from .conftest import FAST, make_config
+
+    seen = []
+    orig = reference.BufferedReference.prepare
+
+    def spy(self, batch, acct):
+        orig(self, batch, acct)
+        seen.append((self.buffer.data_ptr(), self.allocations, self._cache.data_ptr()))
+
+    reference.BufferedReference.prepare = spy
+    try:
+        trainer.train(make_config(FAST + ["variant=A2"]), tmp_path / "a2", base_cache)
+    finally:
+        reference.BufferedReference.prepare = orig
+    assert len(seen) == 6
+    assert len({s[0] for s in seen}) == 1 and all(s[1] == 1 for s in seen)
+    assert all(s[2] == seen[0][0] for s in seen)  # the cache is a view into the buffer
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        ["algo=rloo", "algo.loss_agg=sequence"],
+        ["algo=reinforce_pp_baseline", "kl_estimator=k2", "algo.dynamic_sampling=true"],
+        ["kl_estimator=k1"],
+        ["kl_estimator=k2", "kl_estimator.placement=reward", "kl_estimator.k2_mode=ref_over_old"],
+        ["task=add", "algo.top_k=5", "algo.entropy_coef=0.01"],
+        ["task=parity", "task.reward=partial"],
+    ],
+)
+def test_algorithm_knobs_run(run_exp, knobs):
+    summary, d = run_exp(knobs, name="knobs")
+    assert summary["status"] == "completed"
+    rows = _metrics(d)
+    assert len(rows) == 6
+    for key in (
+        "reward/mean",
+        "success_rate",
+        "loss/total",
+        "lr",
+        "time/step",
+        "count/policy_fwd",
+        "throughput/samples_per_s",
+        "perf/mfu",
+        "response_len",
+        "entropy",
+        "clip_frac",
+    ):
+        assert key in rows[0], key
+    json.loads((d / "summary.json").read_text())
+
+
+def test_nan_loss_fails_naming_stage_and_tensor(run_exp, monkeypatch):
+    import prorl_bench.trainer as trainer
+
+    real = trainer.clipped_surrogate
+
+    def poisoned(*a, **k):
+        loss, clipped = real(*a, **k)
+        return loss * float("nan"), clipped
+
+    monkeypatch.setattr(trainer, "clipped_surrogate", poisoned)
+    with pytest.raises(trainer.NonFiniteError, match="'loss/total' at step 1, stage 'update'"):
+        run_exp([], name="nan")
+
+
+def test_policy_forward_counts(run_exp):
+    _, d = run_exp(["algo.ppo_epochs=3", "algo.minibatches=4"], name="counts")
+    for r in _metrics(d):
+        assert r["count/policy_fwd"] == 1 + 3 * 4  # one old-logprob pass + every update minibatch
