@@ -77,3 +77,33 @@ def test_warmup_on_an_hf_model_is_opt_in_and_cached(tiny_hf_dir, tmp_path):
     assert first["base"]["cached"] is False and first["base"]["warmup_steps"] >= 20
     second = train(cfg, tmp_path / "b", tmp_path / "cache")
     assert second["base"]["cached"] is True
+
+
+# Every reset trigger x optimizer transform of variant C, on the HF model (the reference is a frozen copy
+# of the HF policy and resets rewrite it). Composed from conf/ exactly as the CLI does.
+RESETS = [
+    ["reset=periodic", "reset.every=2", "opt_reset=keep"],
+    ["reset=periodic", "reset.every=2", "opt_reset=hard"],
+    ["reset=periodic", "reset.every=2", "opt_reset=soft"],
+    ["reset=periodic", "reset.every=2", "opt_reset=asym"],
+    ["reset=polyak", "reset.every=2"],
+    ["reset=kl_spike"],
+    ["reset=stall", "reset.patience=1", "eval_every=1"],
+    ["experiment=prorl_v1", "reset.patience=1", "eval_every=1"],
+    ["experiment=prorl_v2", "reset.every=2"],
+    ["experiment=trl_sync", "reset.every=2"],
+    ["experiment=noma_soft", "reset.every=2"],
+]
+
+
+@pytest.mark.parametrize("overrides", RESETS, ids=lambda o: ",".join(o))
+def test_every_reset_option_runs_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
+    from .conftest import make_config
+
+    base = ["variant=C", "model=hf_causal_lm", f"model.path={tiny_hf_dir}", "steps=4", "progress=false",
+            "algo.prompts_per_step=2", "algo.group_size=4", "task.min_len=2", "task.max_len=3", "task.val_size=4"]
+    cfg = make_config(base + overrides)
+    summary = train(cfg, tmp_path / "run", tmp_path / "cache")
+    assert summary["status"] == "completed" and summary["steps_completed"] == 4
+    if overrides[0] in ("reset=periodic", "reset=polyak") or "reset.every=2" in overrides:
+        assert summary["resets"] >= 1
