@@ -148,21 +148,26 @@ class FastLlamaPolicy(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, Dh)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
-    def _run(self, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def _run(
+        self, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, cache: KVCache | None, keep: int = 0
+    ) -> torch.Tensor:
         x = self.embed(ids)
         cos, sin = self._cos_sin(pos, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attn, cache, i)
+        if keep > 0:
+            x = x[:, -keep:]
         return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm, self.eps))
 
-    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V); left padding is skipped by positions and the key mask."""
+    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V), or the last ``keep`` positions' (B, keep, V) if keep > 0;
+        left padding is skipped by positions and the key mask."""
         t = ids.shape[1]
         pos = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         eye = torch.eye(t, dtype=torch.bool, device=ids.device)  # pad rows attend to themselves: no NaN
         attn = ((causal & key_mask[:, None, :]) | eye)[:, None]
-        return self._run(ids, pos, attn, None)
+        return self._run(ids, pos, attn, None, keep)
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
         shape = (batch, self.hkv, max_len, self.dh)

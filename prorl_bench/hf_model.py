@@ -124,10 +124,15 @@ class HFCausalLMPolicy(nn.Module):
     def positions(key_mask: torch.Tensor) -> torch.Tensor:
         return (key_mask.long().cumsum(-1) - 1).clamp_min(0)
 
-    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V); positions count real tokens (left padding is skipped)."""
+    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V), or the last ``keep`` positions' if keep > 0 (HF's
+        ``logits_to_keep``); positions count real tokens (left padding is skipped)."""
         out = self.hf(
-            input_ids=ids, attention_mask=key_mask.long(), position_ids=self.positions(key_mask), use_cache=False
+            input_ids=ids,
+            attention_mask=key_mask.long(),
+            position_ids=self.positions(key_mask),
+            use_cache=False,
+            logits_to_keep=keep,
         )
         return out.logits
 

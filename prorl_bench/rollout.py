@@ -117,8 +117,9 @@ def token_logprobs(
 
     The logprob is gathered as logit[y] - logsumexp(logits) so no (B, L, V) log-softmax is built.
     """
-    p = batch.prompt_len
-    logits = model(batch.ids, batch.key_mask)[:, p - 1 : -1]
+    # Only the L completion tokens are scored: the LM head runs on the last L + 1 positions only.
+    n = batch.ids.shape[1] - batch.prompt_len
+    logits = model(batch.ids, batch.key_mask, keep=n + 1)[:, :-1]
     z = policy_logits(logits, temperature, banned)
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse

@@ -48,6 +48,30 @@ class NonFiniteError(FloatingPointError):
     """A NaN/inf appeared; the message names the step, stage and tensor."""
 
 
+class FiniteGuard:
+    """``check_finite`` for the update loop: immediate on CPU; on GPU the flags stay on the device
+    and ``flush()`` (once per step, after the loop) raises for the first non-finite tensor, so the
+    loop has no host<->device sync. The message names the step, stage and tensor either way."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.defer = device.type == "cuda"
+        self._pending: list[tuple[torch.Tensor, int, str, str]] = []
+
+    def check(self, t: torch.Tensor, step: int, stage: str, name: str) -> None:
+        if not self.defer:
+            check_finite(t, step, stage, name)
+        else:
+            self._pending.append((torch.isfinite(t.detach()).all(), step, stage, name))
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending:
+            flags = torch.stack([f for f, *_ in pending]).tolist()  # one transfer
+            for ok, (_, step, stage, name) in zip(flags, pending):
+                if not ok:
+                    raise NonFiniteError(f"non-finite values in '{name}' at step {step}, stage '{stage}'")
+
+
 def check_finite(t: torch.Tensor, step: int, stage: str, name: str) -> None:
     if not bool(torch.isfinite(t).all()):
         raise NonFiniteError(f"non-finite values in '{name}' at step {step}, stage '{stage}'")
@@ -131,6 +155,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     )
     peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
     acct = StepAccounting(device)
+    guard = FiniteGuard(device)
     rng = random.Random(cfg.seed)  # prompts
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed)  # token sampling
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatch permutation
@@ -161,7 +186,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             )
             mask = batch.completion_mask
             n_gen = int(mask.sum())
-            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * int(batch.key_mask.sum()))
+            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
 
         # 2. reward: the task's verifier
         with acct.stage("reward"):
@@ -225,12 +250,12 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                         kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
                     ent = aggregate(entropy, mb_mask, a.loss_agg)
                     loss = pg + beta * kl_loss - a.entropy_coef * ent
-                    check_finite(loss, step, "update", "loss/total")
+                    guard.check(loss, step, "update", "loss/total")
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
                     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
-                    check_finite(grad_norm, step, "update", "grad_norm")
+                    guard.check(grad_norm, step, "update", "grad_norm")
                     optimizer.step()
                     n_mb += 1
                     # accumulate on device; one host transfer per step (no syncs inside the loop)
@@ -245,6 +270,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     ):
                         sums[key] = sums[key] + val.detach()
 
+        guard.flush()
         row: dict[str, Any] = {"step": step}
         row["reward/mean"] = float(rewards.mean())
         row["reward/std"] = float(rewards.std())
@@ -360,7 +386,7 @@ def _update_norm(before: list[torch.Tensor], policy: torch.nn.Module) -> float:
 
 
 def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:
-    tokens = int(batch.key_mask.sum())
+    tokens = batch.key_mask.sum()  # a device scalar: StepAccounting reads it once per step (no sync here)
     fwd = tokens * policy.flops_per_token(batch.ids.shape[1])
     acct.forward("policy", tokens, fwd * (3.0 if backward else 1.0))  # backward ~ 2x forward
 

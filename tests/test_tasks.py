@@ -7,7 +7,6 @@ import pytest
 from prorl_bench.config import ConfigError, RewardKind, TaskConfig, TaskName
 from prorl_bench.tasks import CharTokenizer, make_task, partial_reward
 
-
 BUILTIN = [t for t in TaskName if t != TaskName.reasoning_gym]  # reasoning_gym: tests/test_reasoning_gym.py
 
 
