@@ -113,6 +113,22 @@ class KLControlKind(str, Enum):
     adaptive = "adaptive"
 
 
+class AdapterKind(str, Enum):
+    none = "none"
+    lora = "lora"
+
+
+class GrowthKind(str, Enum):
+    none = "none"
+    rank = "rank"
+
+
+class Migration(str, Enum):
+    preserve = "preserve"  # old slice keeps m, v by index; new slice zero; step kept
+    reset = "reset"  # fresh state for the grown adapters
+    naive = "naive"  # rebuild the optimizer on the new parameters: all state silently lost (baseline)
+
+
 class ModelKind(str, Enum):
     native = "native"  # prorl_bench.model.TransformerPolicy over the character tokenizer
     hf_causal_lm = "hf_causal_lm"  # any local Hugging Face causal-LM directory (model.path)
@@ -413,6 +429,42 @@ class KLControlConfig:
 
 
 @dataclass
+class AdapterConfig:
+    """LoRA adapters on the policy's linear layers named in ``targets`` (attribute names)."""
+
+    kind: AdapterKind = AdapterKind.none
+    rank: int = 4
+    alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
+    targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
+    freeze_base: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
+        _require(self.alpha > 0, "adapter.alpha", self.alpha, "> 0")
+        _require(len(self.targets) > 0, "adapter.targets", self.targets, "a non-empty list of layer names")
+
+
+@dataclass
+class GrowthConfig:
+    """Adapter rank growth by ``rank_step`` up to ``max_rank`` (every N steps / at resets / on stall)."""
+
+    kind: GrowthKind = GrowthKind.none
+    rank_step: int = 2
+    grow_every: int = 50  # 0 disables periodic growth
+    max_rank: int = 16
+    at_reset: bool = False
+    on_stall: bool = False
+    patience: int = 2  # on_stall: evaluations of reset.metric without improvement
+    migration: Migration = Migration.preserve
+
+    def __post_init__(self) -> None:
+        _require(self.rank_step >= 1, "growth.rank_step", self.rank_step, ">= 1")
+        _require(self.grow_every >= 0, "growth.grow_every", self.grow_every, ">= 0 (0 disables)")
+        _require(self.max_rank >= 1, "growth.max_rank", self.max_rank, ">= 1")
+        _require(self.patience >= 1, "growth.patience", self.patience, ">= 1")
+
+
+@dataclass
 class HardwareConfig:
     device: Device = Device.cpu
     torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
@@ -483,6 +535,8 @@ class Config:
     reset: ResetConfig = field(default_factory=ResetConfig)
     opt_reset: OptResetConfig = field(default_factory=OptResetConfig)
     kl_ctl: KLControlConfig = field(default_factory=KLControlConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    growth: GrowthConfig = field(default_factory=GrowthConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     seed: int = 0
     steps: int = 150
@@ -521,6 +575,25 @@ class Config:
             self.algo.beta,
             "> 0 with kl_ctl=adaptive (a multiplicative controller cannot move beta from 0)",
         )
+        if self.growth.kind != GrowthKind.none:
+            _require(
+                self.adapter.kind == AdapterKind.lora,
+                "adapter",
+                self.adapter.kind.value,
+                "'lora' with growth=rank (growth grows the adapter rank)",
+            )
+            _require(
+                self.growth.max_rank > self.adapter.rank,
+                "growth.max_rank",
+                self.growth.max_rank,
+                f"> adapter.rank ({self.adapter.rank})",
+            )
+            _require(
+                self.growth.grow_every > 0 or self.growth.at_reset or self.growth.on_stall,
+                "growth.grow_every",
+                self.growth.grow_every,
+                "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
+            )
         if self.model.kind != ModelKind.native:
             return  # an HF model's context length is checked against its own config when loaded
         max_prompt, max_completion = _task_lengths(self.task)

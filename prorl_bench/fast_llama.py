@@ -6,6 +6,10 @@ without the per-call overhead of the general-purpose module (mask builders, cach
 dataclasses), with q/k/v and gate/up fused into one matmul each, and with a preallocated KV cache
 like the native policy's. ``tests/test_hf_model.py`` checks its logprobs against the HF forward.
 
+Layer names follow the native policy (``qkv``, ``proj``, ``fc1`` = fused gate|up, ``fc2`` = down), so
+``adapter=lora`` with its default targets wraps the same projections on both (LoRA on ``fc1`` is one
+adapter over the fused gate|up matmul). With ``model.impl=hf`` use HF names (q_proj, ..., down_proj).
+
 Shapes: B batch, T tokens, D hidden, H query heads, Hkv key/value heads, Dh head dim, V vocab.
 """
 
@@ -45,10 +49,10 @@ class _Layer(nn.Module):
         self.h, self.hkv, self.dh, self.eps = h, hkv, dh, eps
         self.in_norm = nn.Parameter(torch.ones(d))
         self.qkv = nn.Linear(d, (h + 2 * hkv) * dh, bias=qkv_bias)
-        self.o = nn.Linear(h * dh, d, bias=o_bias)
+        self.proj = nn.Linear(h * dh, d, bias=o_bias)
         self.post_norm = nn.Parameter(torch.ones(d))
-        self.gate_up = nn.Linear(d, 2 * inter, bias=False)
-        self.down = nn.Linear(inter, d, bias=False)
+        self.fc1 = nn.Linear(d, 2 * inter, bias=False)
+        self.fc2 = nn.Linear(inter, d, bias=False)
 
     def forward(
         self,
@@ -75,9 +79,9 @@ class _Layer(nn.Module):
             k = cache.keys[layer][:, :, : s + t]
             v = cache.values[layer][:, :, : s + t]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=hkv != h)
-        x = x + self.o(y.transpose(1, 2).reshape(b, t, h * dh))
-        gate, up = self.gate_up(F.rms_norm(x, (x.shape[-1],), self.post_norm, self.eps)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, h * dh))
+        gate, up = self.fc1(F.rms_norm(x, (x.shape[-1],), self.post_norm, self.eps)).chunk(2, dim=-1)
+        return x + self.fc2(F.silu(gate) * up)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,11 +134,11 @@ class FastLlamaPolicy(nn.Module):
                 mine.qkv.weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
                 if mine.qkv.bias is not None:
                     mine.qkv.bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-                mine.o.weight.copy_(a.o_proj.weight)
-                if mine.o.bias is not None:
-                    mine.o.bias.copy_(a.o_proj.bias)
-                mine.gate_up.weight.copy_(torch.cat([m.gate_proj.weight, m.up_proj.weight]))
-                mine.down.weight.copy_(m.down_proj.weight)
+                mine.proj.weight.copy_(a.o_proj.weight)
+                if mine.proj.bias is not None:
+                    mine.proj.bias.copy_(a.o_proj.bias)
+                mine.fc1.weight.copy_(torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+                mine.fc2.weight.copy_(m.down_proj.weight)
             self.norm.copy_(base.norm.weight)
             if not getattr(model.config, "tie_word_embeddings", False):
                 self.lm_head.weight.copy_(model.lm_head.weight)

@@ -134,9 +134,9 @@ class TransformerPolicy(nn.Module):
 
     # -- accounting
     def matmul_params(self) -> int:
-        """Parameters that take part in a matmul per token (excludes embeddings and norms)."""
+        """Parameters that take part in a matmul per token (linear weights and LoRA A/B; not embeddings)."""
         n = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return n
+        return n + sum(p.numel() for name, p in self.named_parameters() if "lora_" in name)
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs per token: 2 per matmul weight plus attention scores/values at ``context``."""

@@ -19,10 +19,12 @@ import torch
 from prorl_bench.accounting import StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
 from prorl_bench.config import (
+    AdapterKind,
     Config,
     ConfigError,
     Device,
     DType,
+    GrowthKind,
     K2Mode,
     KLName,
     KLPlacement,
@@ -31,8 +33,10 @@ from prorl_bench.config import (
     ResetTrigger,
 )
 from prorl_bench.evaluation import completions, evaluate, score
+from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.kl_control import KLController
+from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.outputs import RunWriter
@@ -117,6 +121,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     # -- the base policy (cached warm-up; an HF model as loaded) and the variant's reference strategy
     policy, base_info = load_base_policy(cfg, task, tok, device, cache_root)
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
+    if cfg.adapter.kind == AdapterKind.lora:
+        d = cfg.adapter
+        attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
     policy.train()
     batch_size = a.prompts_per_step * a.group_size
     mb_size = batch_size // a.minibatches
@@ -130,16 +137,11 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         max_len=task.max_completion_len,
         device=device,
     )
-    optimizer = torch.optim.AdamW(
-        policy.parameters(),
-        lr=a.lr,
-        betas=(a.adam_beta1, a.adam_beta2),
-        eps=a.adam_eps,
-        weight_decay=a.weight_decay,
-    )
+    optimizer = build_optimizer(policy, a)
     schedule = LRSchedule(a.lr, a.lr_warmup_steps)
     kl_ctl = KLController(a.beta, cfg.kl_ctl)
     resets = ResetSchedule(cfg.reset)
+    growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
     kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
     objective = "trust_region_vs_old" if ref.model is None else "kl_to_reference"
 
@@ -290,6 +292,8 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             out.validation(v)
             val_rows.append(v)
             resets.observe_validation(v[cfg.reset.metric.value])
+            if growth is not None:
+                growth.observe_validation(v[cfg.reset.metric.value])
 
         # 8. reference reset at the step boundary (variant C): S1 reference, S3 optimizer state
         resets.observe_step(step, None if ref.model is None else row["kl/ref"])
@@ -302,7 +306,17 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             out.event(step, "reset", reason, **info)
         kl_ctl.update(row["kl/ref"] if ref.model is not None else row["kl/old"])
 
-        # 9. log one metrics row
+        # 9. topology growth: the adapter rank grows, the optimizer state is migrated
+        why = growth.due(step, adapter_rank(policy), bool(row["reset"])) if growth is not None else None
+        row["growth"] = int(why is not None)
+        if why is not None:
+            with acct.stage("growth"):
+                optimizer, info = _grow(cfg, step, policy, ref, optimizer)
+            out.event(step, "growth", why, **info)
+        if cfg.adapter.kind == AdapterKind.lora:
+            row["adapter/rank"] = adapter_rank(policy)
+
+        # 10. log one metrics row
         row.update(acct.row(len(batch), n_gen, peak))
         out.metrics(row)
         history.append(row)
@@ -376,6 +390,34 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
         "v_norm_after": v_after,
         "next_lr": schedule.lr(step + 1),
         "beta_after": kl_ctl.value,
+    }
+
+
+def build_optimizer(policy: torch.nn.Module, a) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters (adapters only when the base is frozen)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=a.weight_decay
+    )
+
+
+def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    """Grow every adapter by growth.rank_step — the reference grows with identical new rows, so
+    it keeps its function and stays reset-compatible — and migrate the optimizer state."""
+    old_rank = adapter_rank(policy)
+    trainable_before = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    models = [policy] if ref.model is None else [policy, ref.model]
+    grown = grow_rank(models, old_rank + cfg.growth.rank_step, seed=cfg.seed * 1_000_003 + step)
+    optimizer, info = migrate_optimizer(
+        optimizer, grown[0], cfg.growth.migration, rebuild=lambda: build_optimizer(policy, cfg.algo)
+    )
+    return optimizer, {
+        "old_rank": old_rank,
+        "new_rank": adapter_rank(policy),
+        "trainable_params_before": trainable_before,
+        "trainable_params_after": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        "reference_grown": ref.model is not None,
+        **info,
     }
 
 

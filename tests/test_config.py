@@ -24,6 +24,8 @@ def test_every_option_composes_and_validates(group, option, request):
         overrides.append(f"model.path={request.getfixturevalue('tiny_hf_dir')}")
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's
+    if group == "growth":
+        overrides.append("adapter=lora")  # growth grows adapters
     if group == "hardware" and option == "cuda":
         cfg = make_config(overrides)  # validates without a GPU; the device is resolved at run time
         assert cfg.hardware.device.value == "cuda"
