@@ -107,3 +107,25 @@ def test_every_reset_option_runs_on_the_hf_model(overrides, tiny_hf_dir, tmp_pat
     assert summary["status"] == "completed" and summary["steps_completed"] == 4
     if overrides[0] in ("reset=periodic", "reset=polyak") or "reset.every=2" in overrides:
         assert summary["resets"] >= 1
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["adapter=lora"],  # default targets: qkv/proj/fc1/fc2 exist on the fast LLaMA path too
+        ["adapter=lora", "growth=rank", "growth.grow_every=2", "growth.max_rank=8"],
+        ["adapter=lora", "model.impl=hf", "adapter.targets=[q_proj,v_proj,o_proj,down_proj]"],
+    ],
+    ids=["lora", "lora+growth", "lora-hf-forward"],
+)
+def test_lora_and_growth_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
+    from .conftest import make_config
+
+    base = ["model=hf_causal_lm", f"model.path={tiny_hf_dir}", "steps=4", "progress=false",
+            "algo.prompts_per_step=2", "algo.group_size=4", "task.min_len=2", "task.max_len=3", "task.val_size=4"]
+    summary = train(make_config(base + overrides), tmp_path / "run", tmp_path / "cache")
+    assert summary["status"] == "completed"
+    rows = _rows(tmp_path / "run")
+    assert all(r["adapter/rank"] >= 4 for r in rows)
+    if "growth=rank" in overrides:
+        assert rows[-1]["adapter/rank"] > rows[0]["adapter/rank"]
