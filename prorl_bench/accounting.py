@@ -53,20 +53,24 @@ class StepAccounting:
             if self._open:
                 self._open[-1][1] += elapsed
 
-    def forward(self, who: str, tokens: int, flops: float) -> None:
+    def forward(self, who: str, tokens: int | torch.Tensor, flops: float | torch.Tensor) -> None:
         """Record one teacher-forced forward pass of ``who`` ('policy' or 'ref') over ``tokens``."""
         self.counts[f"count/{who}_fwd"] += 1
-        self.counts[f"tokens/{who}_fwd"] += int(tokens)
-        self.flops += flops
+        # ``tokens``/``flops`` may be 0-d device tensors: they are summed lazily and read once in row(),
+        # so counting a forward inside the update loop never forces a host<->device sync on GPU.
+        self.counts[f"tokens/{who}_fwd"] = self.counts[f"tokens/{who}_fwd"] + tokens
+        self.flops = self.flops + flops
 
-    def add_flops(self, flops: float) -> None:
-        self.flops += flops
+    def add_flops(self, flops: float | torch.Tensor) -> None:
+        self.flops = self.flops + flops
 
     def row(self, samples: int, generated_tokens: int, peak_flops: float) -> dict[str, float]:
         """The step's accounting fields; time/step is the wall time since ``reset()``."""
         step_time = self._now() - self._t0
         out: dict[str, float] = {f"time/{k}": v for k, v in self.times.items()}
         out["time/step"] = step_time
+        self.counts = {k: int(v) for k, v in self.counts.items()}  # the step's one read of lazy counters
+        self.flops = float(self.flops)
         out.update(self.counts)
         out["time/ref_share"] = self.times["ref_logprob"] / step_time if step_time > 0 else 0.0
         out["throughput/tokens_per_s"] = generated_tokens / step_time

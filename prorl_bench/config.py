@@ -40,6 +40,7 @@ class TaskName(str, Enum):
     sort_digits = "sort_digits"
     add = "add"
     copy = "copy"
+    reasoning_gym = "reasoning_gym"  # procedural generators from the optional reasoning-gym package
 
 
 class RewardKind(str, Enum):
@@ -135,7 +136,19 @@ class NonFinitePolicy(str, Enum):
 
 
 class ModelKind(str, Enum):
-    native = "native"
+    native = "native"  # prorl_bench.model.TransformerPolicy over the character tokenizer
+    hf_causal_lm = "hf_causal_lm"  # any local Hugging Face causal-LM directory (model.path)
+
+
+class HFImpl(str, Enum):
+    auto = "auto"  # "fast" for LLaMA-family checkpoints, "hf" otherwise
+    hf = "hf"  # the transformers module's own forward (any architecture)
+    fast = "fast"  # prorl_bench.fast_llama: same weights, fused forward without HF's per-call overhead
+
+
+class PromptStyle(str, Enum):
+    compact = "compact"  # short prompt built from the generator's metadata (fits a char-level policy)
+    question = "question"  # the generator's full natural-language question
 
 
 class Device(str, Enum):
@@ -153,8 +166,38 @@ class DType(str, Enum):
 
 
 @dataclass
+class ReasoningGymConfig:
+    """``task=reasoning_gym``: generators from the ``reasoning-gym`` package, scored by its own
+    ``score_answer``. Training problems come from a dataset seeded ``train_seed``, validation ones from
+    ``val_seed``; any validation question is removed from the training stream (held out by seed and
+    by content). Problems whose prompt or answer is longer than the limits (characters) are skipped.
+    """
+
+    generators: list[str] = field(default_factory=lambda: ["spell_backward"])
+    generator_args: dict[str, Any] = field(default_factory=dict)  # {generator: {kwarg: value}}
+    prompt_style: PromptStyle = PromptStyle.compact
+    max_prompt_chars: int = 40
+    max_answer_chars: int = 12
+    train_seed: int = 1
+    val_seed: int = 2
+    dataset_size: int = 100_000  # virtual size of the training dataset (indices drawn from it)
+
+    def __post_init__(self) -> None:
+        _require(len(self.generators) >= 1, "task.reasoning_gym.generators", self.generators, "a non-empty list")
+        unknown = set(self.generator_args) - set(self.generators)
+        _require(not unknown, "task.reasoning_gym.generator_args", sorted(unknown), f"keys among {self.generators}")
+        _require(self.max_prompt_chars >= 4, "task.reasoning_gym.max_prompt_chars", self.max_prompt_chars, ">= 4")
+        _require(self.max_answer_chars >= 1, "task.reasoning_gym.max_answer_chars", self.max_answer_chars, ">= 1")
+        _require(self.train_seed != self.val_seed, "task.reasoning_gym.val_seed", self.val_seed, "!= train_seed")
+        _require(self.dataset_size >= 1, "task.reasoning_gym.dataset_size", self.dataset_size, ">= 1")
+
+
+@dataclass
 class TaskConfig:
-    """A verifiable sequence task. Lengths count input symbols (digits or bits)."""
+    """A verifiable sequence task. Lengths count input symbols (digits or bits).
+
+    ``min_len``/``max_len`` apply to the built-in tasks; ``reasoning_gym`` configures ``name=reasoning_gym``.
+    """
 
     name: TaskName = TaskName.reverse_digits
     min_len: int = 3
@@ -162,6 +205,7 @@ class TaskConfig:
     reward: RewardKind = RewardKind.exact
     val_size: int = 128  # held-out problems used for validation
     val_fraction: float = 0.1  # share of the problem space reserved for validation
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
     def __post_init__(self) -> None:
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
@@ -204,14 +248,22 @@ class KLConfig:
 
 @dataclass
 class ModelConfig:
+    """``kind=native`` uses d_model..max_seq_len. ``kind=hf_causal_lm`` loads ``path`` (a local
+    directory with config.json, weights and tokenizer; nothing is downloaded) and ignores the native
+    size fields; ``impl`` picks the forward implementation (see HFImpl)."""
+
     kind: ModelKind = ModelKind.native
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
     dropout: float = 0.0
     max_seq_len: int = 64
+    path: str | None = None
+    impl: HFImpl = HFImpl.auto
 
     def __post_init__(self) -> None:
+        if self.kind == ModelKind.hf_causal_lm:
+            _check_hf_path(self.path)
         _require(self.d_model >= 8, "model.d_model", self.d_model, ">= 8")
         _require(self.n_layers >= 1, "model.n_layers", self.n_layers, ">= 1")
         _require(self.n_heads >= 1, "model.n_heads", self.n_heads, ">= 1")
@@ -223,6 +275,16 @@ class ModelConfig:
         )
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         _require(self.max_seq_len >= 8, "model.max_seq_len", self.max_seq_len, ">= 8")
+
+
+def _check_hf_path(path: str | None) -> None:
+    allowed = "a local Hugging Face model directory containing config.json (nothing is downloaded)"
+    _require(path is not None and str(path) != "", "model.path", path, allowed)
+    from pathlib import Path
+
+    p = Path(str(path)).expanduser()
+    _require(p.is_dir(), "model.path", path, allowed + f"; {p} does not exist or is not a directory")
+    _require((p / "config.json").is_file(), "model.path", path, allowed + f"; {p} has no config.json")
 
 
 @dataclass
@@ -470,6 +532,9 @@ class WarmupConfig:
     check_size: int = 128
     seed: int = 0
     cache_dir: str = "outputs/base_cache"  # relative paths resolve against the launch directory
+    # null: warm up native policies, not Hugging Face ones (a pretrained LM is already a base).
+    # true on an HF model fine-tunes it on the task first (cached the same way); false skips it.
+    enabled: bool | None = None
 
     def __post_init__(self) -> None:
         _require(0.0 < self.target_success <= 1.0, "warmup.target_success", self.target_success, "in (0, 1]")
@@ -553,6 +618,8 @@ class Config:
                 self.growth.grow_every,
                 "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
             )
+        if self.model.kind != ModelKind.native:
+            return  # an HF model's context length is checked against its own config when loaded
         max_prompt, max_completion = _task_lengths(self.task)
         _require(
             max_prompt + max_completion + 1 <= self.model.max_seq_len,

@@ -88,8 +88,9 @@ class TransformerPolicy(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     # -- forward passes
-    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V)."""
+    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V), or only
+        the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt)."""
         t = ids.shape[1]
         pos = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
@@ -99,6 +100,8 @@ class TransformerPolicy(nn.Module):
         x = self.tok_emb(ids) + self.pos_emb(pos)
         for blk in self.blocks:
             x = blk(x, attn[:, None])
+        if keep > 0:
+            x = x[:, -keep:]
         return self.lm_head(self.ln_f(x))
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:

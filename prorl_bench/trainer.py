@@ -19,7 +19,6 @@ import torch
 
 from prorl_bench.accounting import StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
-from prorl_bench.base import load_or_train_base
 from prorl_bench.checkpoint import config_dict, load_latest, restore_rng, rng_state, save_checkpoint, truncate_logs
 from prorl_bench.config import (
     AdapterKind,
@@ -44,11 +43,12 @@ from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.outputs import RunWriter
+from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import build_reference
 from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.schedule import LRSchedule
-from prorl_bench.tasks import CharTokenizer, make_task
+from prorl_bench.tasks import make_task
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -82,13 +82,14 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     device = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
-    tok = CharTokenizer()
-    banned = (tok.PAD, tok.BOS)
+    tok = build_tokenizer(cfg)  # CharTokenizer, or the HF checkpoint's tokenizer
+    banned = tuple(tok.banned_ids)
     task = make_task(cfg.task)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.hardware.dtype == DType.bf16 else nullcontext()
+    bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    # -- the base policy (cached warm-up) and the variant's reference strategy
-    policy, base_info = load_or_train_base(cfg, task, tok, device, cache_root)
+    # -- the base policy (cached warm-up; an HF model as loaded) and the variant's reference strategy
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root)
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
     if cfg.adapter.kind == AdapterKind.lora:
         d = cfg.adapter
@@ -122,7 +123,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     val_problems = task.val_set()
     history: list[dict[str, Any]] = []
     val_rows: list[dict[str, Any]] = []
-    guard = NonFiniteGuard(cfg.guard.nonfinite)
+    guard = NonFiniteGuard(cfg.guard.nonfinite, device)
 
     # -- resume: continue from the newest checkpoint of this run directory, if there is one
     start = 1
@@ -184,7 +185,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             )
             mask = batch.completion_mask
             n_gen = int(mask.sum())
-            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * int(batch.key_mask.sum()))
+            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
 
         # 2. reward: the task's verifier
         with acct.stage("reward"):
@@ -272,6 +273,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     ):
                         sums[key] = sums[key] + val.detach()
 
+        guard.flush()
         row: dict[str, Any] = {"step": step}
         row["reward/mean"] = float(rewards.mean())
         row["reward/std"] = float(rewards.std())
@@ -457,7 +459,7 @@ def _update_norm(before: list[torch.Tensor], policy: torch.nn.Module) -> float:
 
 
 def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:
-    tokens = int(batch.key_mask.sum())
+    tokens = batch.key_mask.sum()  # a device scalar: StepAccounting reads it once per step (no sync here)
     fwd = tokens * policy.flops_per_token(batch.ids.shape[1])
     acct.forward("policy", tokens, fwd * (3.0 if backward else 1.0))  # backward ~ 2x forward
 

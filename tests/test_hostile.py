@@ -96,18 +96,22 @@ def test_any_config_runs_or_fails_cleanly(tmp_path_factory, overrides):
     assert summary["status"] == "completed"
 
 
-TARGETS = {name: make_task(TaskConfig(name=name, min_len=2, max_len=4)).val_set()[0].target for name in TaskName}
+def _task_and_problem(name):
+    task = make_task(TaskConfig(name=name, min_len=2, max_len=4))
+    return task, task.val_set()[0]
+
+
+TASKS = {name: _task_and_problem(name) for name in TaskName}  # reasoning_gym included (dev extra)
 
 
 @given(
     st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30), st.sampled_from(list(TaskName))
 )
 def test_verifiers_accept_any_completion(completion, name):
-    task = make_task(TaskConfig(name=name, min_len=2, max_len=4))
-    target = TARGETS[name]
-    r = task.reward(completion, target)
-    assert r in (0.0, 1.0) and task.success(completion, target) == (r == 1.0)
-    assert 0.0 <= partial_reward(completion, target) <= 1.0
+    task, problem = TASKS[name]
+    reward, success = task.score(completion, problem)
+    assert 0.0 <= reward <= 1.0 and success == (reward >= 1.0)
+    assert 0.0 <= partial_reward(completion, problem.target) <= 1.0
 
 
 @given(st.text(max_size=30))
