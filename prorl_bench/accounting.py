@@ -84,20 +84,26 @@ class StepAccounting:
 _PEAK_CACHE: dict[str, float] = {}
 
 
-def measured_matmul_peak(device: torch.device, n: int = 512, reps: int = 10) -> float:
-    """Achievable fp32 matmul FLOP/s on this device with the current thread count (cached)."""
+def measured_matmul_peak(device: torch.device, n: int = 1024, trials: int = 5, reps: int = 3) -> float:
+    """Achievable fp32 matmul FLOP/s on this device with the current thread count (cached).
+
+    The best of ``trials`` timings of ``reps`` (n x n) @ (n x n) products: a peak, so a busy
+    moment during the measurement does not deflate it (which would inflate MFU).
+    """
     key = f"{device}:{torch.get_num_threads()}"
     if key not in _PEAK_CACHE:
         a = torch.randn(n, n, device=device)
         b = torch.randn(n, n, device=device)
-        for _ in range(2):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        _PEAK_CACHE[key] = 2.0 * n**3 * reps / (time.perf_counter() - t0)
+        a @ b  # warm-up
+        best = float("inf")
+        for _ in range(trials):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        _PEAK_CACHE[key] = 2.0 * n**3 * reps / best
     return _PEAK_CACHE[key]
