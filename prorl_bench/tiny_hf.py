@@ -75,3 +75,15 @@ def build_tiny_llama(
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+if __name__ == "__main__":  # python -m prorl_bench.tiny_hf OUT_DIR [--no-pad]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Save a tiny random LLaMA + char tokenizer (offline) to OUT_DIR.")
+    ap.add_argument("out")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--no-pad", action="store_true", help="ship no pad token (the bench then pads with EOS)")
+    args = ap.parse_args()
+    print(build_tiny_llama(args.out, hidden_size=args.hidden, n_layers=args.layers, with_pad=not args.no_pad))
