@@ -174,15 +174,7 @@ class FastLlamaPolicy(nn.Module):
         return self._run(ids, pos, attn, None, keep)
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
-        shape = (batch, self.hkv, max_len, self.dh)
-        dtype = self.embed.weight.dtype
-        if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-            dtype = torch.get_autocast_dtype("cuda")
-        return KVCache(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers],
-            key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
-        )
+        return KVCache.allocate(len(self.layers), batch, self.hkv, max_len, self.dh, self.embed.weight.dtype, device)
 
     def forward_cached(
         self, ids: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor, cache: KVCache

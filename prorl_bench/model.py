@@ -25,6 +25,27 @@ class KVCache:
     key_mask: torch.Tensor  # (B, T_max) bool: which cached positions are real tokens
     length: int = 0
 
+    @classmethod
+    def allocate(
+        cls,
+        n_layers: int,
+        batch: int,
+        heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> KVCache:
+        """Zeroed buffers; under CUDA autocast they take the autocast dtype (what attention sees)."""
+        if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+        shape = (batch, heads, max_len, head_dim)
+        return cls(
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
+        )
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -105,14 +126,9 @@ class TransformerPolicy(nn.Module):
         return self.lm_head(self.ln_f(x))
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
-        h, dh = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        dtype = self.tok_emb.weight.dtype
-        shape = (batch, h, max_len, dh)
-        return KVCache(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.blocks],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.blocks],
-            key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
-        )
+        h = self.cfg.n_heads
+        dh = self.cfg.d_model // h
+        return KVCache.allocate(len(self.blocks), batch, h, max_len, dh, self.tok_emb.weight.dtype, device)
 
     def forward_cached(
         self, ids: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor, cache: KVCache
