@@ -53,20 +53,24 @@ class StepAccounting:
             if self._open:
                 self._open[-1][1] += elapsed
 
-    def forward(self, who: str, tokens: int, flops: float) -> None:
+    def forward(self, who: str, tokens: int | torch.Tensor, flops: float | torch.Tensor) -> None:
         """Record one teacher-forced forward pass of ``who`` ('policy' or 'ref') over ``tokens``."""
         self.counts[f"count/{who}_fwd"] += 1
-        self.counts[f"tokens/{who}_fwd"] += int(tokens)
-        self.flops += flops
+        # ``tokens``/``flops`` may be 0-d device tensors: they are summed lazily and read once in row(),
+        # so counting a forward inside the update loop never forces a host<->device sync on GPU.
+        self.counts[f"tokens/{who}_fwd"] = self.counts[f"tokens/{who}_fwd"] + tokens
+        self.flops = self.flops + flops
 
-    def add_flops(self, flops: float) -> None:
-        self.flops += flops
+    def add_flops(self, flops: float | torch.Tensor) -> None:
+        self.flops = self.flops + flops
 
     def row(self, samples: int, generated_tokens: int, peak_flops: float) -> dict[str, float]:
         """The step's accounting fields; time/step is the wall time since ``reset()``."""
         step_time = self._now() - self._t0
         out: dict[str, float] = {f"time/{k}": v for k, v in self.times.items()}
         out["time/step"] = step_time
+        self.counts = {k: int(v) for k, v in self.counts.items()}  # the step's one read of lazy counters
+        self.flops = float(self.flops)
         out.update(self.counts)
         out["time/ref_share"] = self.times["ref_logprob"] / step_time if step_time > 0 else 0.0
         out["throughput/tokens_per_s"] = generated_tokens / step_time
@@ -80,20 +84,26 @@ class StepAccounting:
 _PEAK_CACHE: dict[str, float] = {}
 
 
-def measured_matmul_peak(device: torch.device, n: int = 512, reps: int = 10) -> float:
-    """Achievable fp32 matmul FLOP/s on this device with the current thread count (cached)."""
+def measured_matmul_peak(device: torch.device, n: int = 1024, trials: int = 5, reps: int = 3) -> float:
+    """Achievable fp32 matmul FLOP/s on this device with the current thread count (cached).
+
+    The best of ``trials`` timings of ``reps`` (n x n) @ (n x n) products: a peak, so a busy
+    moment during the measurement does not deflate it (which would inflate MFU).
+    """
     key = f"{device}:{torch.get_num_threads()}"
     if key not in _PEAK_CACHE:
         a = torch.randn(n, n, device=device)
         b = torch.randn(n, n, device=device)
-        for _ in range(2):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        _PEAK_CACHE[key] = 2.0 * n**3 * reps / (time.perf_counter() - t0)
+        a @ b  # warm-up
+        best = float("inf")
+        for _ in range(trials):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        _PEAK_CACHE[key] = 2.0 * n**3 * reps / best
     return _PEAK_CACHE[key]

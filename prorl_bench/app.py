@@ -19,9 +19,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench.config import ConfigError, register_configs, to_config
-from prorl_bench.outputs import RESOLVED_CONFIG, RunWriter, atomic_write_text
+from prorl_bench.guards import Preempted
+from prorl_bench.outputs import RESOLVED_CONFIG, atomic_write_text, write_summary
 
 register_configs()
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (re-running the same command resumes)
 
 # conf/ lives at the repository top level (DESIGN layout); an absolute path keeps Hydra from
 # resolving it as a Python module relative to this package.
@@ -44,7 +47,6 @@ def run(cfg: DictConfig) -> float:
     multirun = hc.mode == RunMode.MULTIRUN
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    writer = None
     try:
         atomic_write_text(run_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
         conf = to_config(cfg)
@@ -54,10 +56,11 @@ def run(cfg: DictConfig) -> float:
         if not cache.is_absolute():
             cache = Path(hydra.utils.get_original_cwd()) / cache
         summary = train(conf, run_dir, cache, threads=threads, progress=conf.progress and not multirun)
+    except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
+        print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)
+        raise SystemExit(EXIT_PREEMPTED) from None
     except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
-        writer = RunWriter(run_dir)
-        writer.summary(failed_summary(e))
-        writer.close()
+        write_summary(run_dir, failed_summary(e))
         if isinstance(e, ConfigError) and not multirun:
             print(f"prorl-bench: config error: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,14 @@ class WarmupFailed(RuntimeError):
     pass
 
 
-def base_key(cfg: Config) -> dict[str, Any]:
+PolicyFactory = Callable[[], torch.nn.Module]
+
+
+def base_key(cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the base depends on; ``extra`` adds e.g. a fingerprint of an HF checkpoint."""
     warm = dataclasses.asdict(cfg.warmup)
     warm.pop("cache_dir")
+    warm.pop("enabled", None)
     return json.loads(
         json.dumps(
             {
@@ -48,6 +54,7 @@ def base_key(cfg: Config) -> dict[str, Any]:
                 "model": dataclasses.asdict(cfg.model),
                 "warmup": warm,
                 "temperature": cfg.algo.temperature,
+                **({"extra": extra} if extra else {}),
             },
             default=lambda e: e.value,
             sort_keys=True,
@@ -55,8 +62,8 @@ def base_key(cfg: Config) -> dict[str, Any]:
     )
 
 
-def base_path(cfg: Config, cache_root: Path) -> Path:
-    digest = hashlib.sha256(json.dumps(base_key(cfg), sort_keys=True).encode()).hexdigest()[:16]
+def base_path(cfg: Config, cache_root: Path, extra: dict[str, Any] | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(base_key(cfg, extra), sort_keys=True).encode()).hexdigest()[:16]
     return Path(cache_root) / f"base-{cfg.task.name.value}-{digest}.pt"
 
 
@@ -70,21 +77,31 @@ def teacher_batch(tok: CharTokenizer, problems: list[Problem], device: torch.dev
         comp[row, : len(t)] = torch.tensor(t)
     full = torch.cat([ids, comp], 1).to(device)
     key_mask = torch.cat([mask, torch.ones_like(comp, dtype=torch.bool)], 1).to(device)
-    return Rollout(full, key_mask, ids.shape[1], (comp != tok.PAD).float().to(device))
+    lengths = torch.tensor([len(t) for t in targets])
+    comp_mask = (torch.arange(width)[None, :] < lengths[:, None]).float()  # not `!= PAD`: PAD may be EOS
+    return Rollout(full, key_mask, ids.shape[1], comp_mask.to(device))
+
+
+def native_factory(cfg: Config, tok: CharTokenizer) -> PolicyFactory:
+    return lambda: TransformerPolicy(cfg.model, tok.vocab_size)
 
 
 def train_base(
-    cfg: Config, task: Task, tok: CharTokenizer, device: torch.device
+    cfg: Config, task: Task, tok: CharTokenizer, device: torch.device, make_policy: PolicyFactory | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Teacher-forced warm-up until sampled success >= target. Raises WarmupFailed otherwise."""
+    """Teacher-forced warm-up until sampled success >= target. Raises WarmupFailed otherwise.
+
+    ``make_policy`` builds the starting policy (default: a fresh native one; an HF model loads its
+    pretrained weights). ``tok`` is any tokenizer with the CharTokenizer interface.
+    """
     w = cfg.warmup
     torch.manual_seed(w.seed)
     rng = random.Random(w.seed)
-    policy = TransformerPolicy(cfg.model, tok.vocab_size).to(device)
+    policy = (make_policy or native_factory(cfg, tok))().to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=w.lr)
     check = task.sample_train(random.Random(w.seed + 1), w.check_size)
     gen = torch.Generator(device=device).manual_seed(w.seed)
-    banned = (tok.PAD, tok.BOS)
+    banned = tuple(tok.banned_ids)
     success = 0.0
     for step in range(1, w.max_steps + 1):
         batch = teacher_batch(tok, task.sample_train(rng, w.batch_size), device)
@@ -107,24 +124,31 @@ def train_base(
 
 
 def load_or_train_base(
-    cfg: Config, task: Task, tok: CharTokenizer, device: torch.device, cache_root: Path
-) -> tuple[TransformerPolicy, dict[str, Any]]:
+    cfg: Config,
+    task: Task,
+    tok: CharTokenizer,
+    device: torch.device,
+    cache_root: Path,
+    make_policy: PolicyFactory | None = None,
+    extra_key: dict[str, Any] | None = None,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Return the base policy (trained once per key, then loaded) and its warm-up info."""
-    path = base_path(cfg, cache_root)
+    make_policy = make_policy or native_factory(cfg, tok)
+    path = base_path(cfg, cache_root, extra_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         if path.exists():
             blob = torch.load(path, map_location="cpu", weights_only=True)
             info = {**blob["info"], "cached": True}
         else:
-            state, info = train_base(cfg, task, tok, device)
-            blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg))}
+            state, info = train_base(cfg, task, tok, device, make_policy)
+            blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg, extra_key))}
             tmp = path.with_name(path.name + ".tmp")
             torch.save(blob, tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
             info = {**info, "cached": False}
-    policy = TransformerPolicy(cfg.model, tok.vocab_size)
+    policy = make_policy()
     policy.load_state_dict(blob["state_dict"])
     return policy.to(device), {**info, "path": str(path)}

@@ -13,7 +13,8 @@ All of this happens before any model is built or any step is trained.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -41,6 +42,7 @@ class TaskName(str, Enum):
     sort_digits = "sort_digits"
     add = "add"
     copy = "copy"
+    reasoning_gym = "reasoning_gym"  # procedural generators from the optional reasoning-gym package
 
 
 class RewardKind(str, Enum):
@@ -114,8 +116,41 @@ class KLControlKind(str, Enum):
     adaptive = "adaptive"
 
 
+class AdapterKind(str, Enum):
+    none = "none"
+    lora = "lora"
+
+
+class GrowthKind(str, Enum):
+    none = "none"
+    rank = "rank"
+
+
+class Migration(str, Enum):
+    preserve = "preserve"  # old slice keeps m, v by index; new slice zero; step kept
+    reset = "reset"  # fresh state for the grown adapters
+    naive = "naive"  # rebuild the optimizer on the new parameters: all state silently lost (baseline)
+
+
+class NonFinitePolicy(str, Enum):
+    fail = "fail"  # stop the run: status failed, step/stage/tensor named
+    skip_batch = "skip_batch"  # skip the minibatch (or the step's update) with a counted warning
+
+
 class ModelKind(str, Enum):
-    native = "native"
+    native = "native"  # prorl_bench.model.TransformerPolicy over the character tokenizer
+    hf_causal_lm = "hf_causal_lm"  # any local Hugging Face causal-LM directory (model.path)
+
+
+class HFImpl(str, Enum):
+    auto = "auto"  # "fast" for LLaMA-family checkpoints, "hf" otherwise
+    hf = "hf"  # the transformers module's own forward (any architecture)
+    fast = "fast"  # prorl_bench.fast_llama: same weights, fused forward without HF's per-call overhead
+
+
+class PromptStyle(str, Enum):
+    compact = "compact"  # short prompt built from the generator's metadata (fits a char-level policy)
+    question = "question"  # the generator's full natural-language question
 
 
 class Device(str, Enum):
@@ -133,8 +168,38 @@ class DType(str, Enum):
 
 
 @dataclass
+class ReasoningGymConfig:
+    """``task=reasoning_gym``: generators from the ``reasoning-gym`` package, scored by its own
+    ``score_answer``. Training problems come from a dataset seeded ``train_seed``, validation ones from
+    ``val_seed``; any validation question is removed from the training stream (held out by seed and
+    by content). Problems whose prompt or answer is longer than the limits (characters) are skipped.
+    """
+
+    generators: list[str] = field(default_factory=lambda: ["spell_backward"])
+    generator_args: dict[str, Any] = field(default_factory=dict)  # {generator: {kwarg: value}}
+    prompt_style: PromptStyle = PromptStyle.compact
+    max_prompt_chars: int = 40
+    max_answer_chars: int = 12
+    train_seed: int = 1
+    val_seed: int = 2
+    dataset_size: int = 100_000  # virtual size of the training dataset (indices drawn from it)
+
+    def __post_init__(self) -> None:
+        _require(len(self.generators) >= 1, "task.reasoning_gym.generators", self.generators, "a non-empty list")
+        unknown = set(self.generator_args) - set(self.generators)
+        _require(not unknown, "task.reasoning_gym.generator_args", sorted(unknown), f"keys among {self.generators}")
+        _require(self.max_prompt_chars >= 4, "task.reasoning_gym.max_prompt_chars", self.max_prompt_chars, ">= 4")
+        _require(self.max_answer_chars >= 1, "task.reasoning_gym.max_answer_chars", self.max_answer_chars, ">= 1")
+        _require(self.train_seed != self.val_seed, "task.reasoning_gym.val_seed", self.val_seed, "!= train_seed")
+        _require(self.dataset_size >= 1, "task.reasoning_gym.dataset_size", self.dataset_size, ">= 1")
+
+
+@dataclass
 class TaskConfig:
-    """A verifiable sequence task. Lengths count input symbols (digits or bits)."""
+    """A verifiable sequence task. Lengths count input symbols (digits or bits).
+
+    ``min_len``/``max_len`` apply to the built-in tasks; ``reasoning_gym`` configures ``name=reasoning_gym``.
+    """
 
     name: TaskName = TaskName.reverse_digits
     min_len: int = 3
@@ -142,6 +207,7 @@ class TaskConfig:
     reward: RewardKind = RewardKind.exact
     val_size: int = 128  # held-out problems used for validation
     val_fraction: float = 0.1  # share of the problem space reserved for validation
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
     def __post_init__(self) -> None:
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
@@ -184,14 +250,22 @@ class KLConfig:
 
 @dataclass
 class ModelConfig:
+    """``kind=native`` uses d_model..max_seq_len. ``kind=hf_causal_lm`` loads ``path`` (a local
+    directory with config.json, weights and tokenizer; nothing is downloaded) and ignores the native
+    size fields; ``impl`` picks the forward implementation (see HFImpl)."""
+
     kind: ModelKind = ModelKind.native
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
     dropout: float = 0.0
     max_seq_len: int = 64
+    path: str | None = None
+    impl: HFImpl = HFImpl.auto
 
     def __post_init__(self) -> None:
+        if self.kind == ModelKind.hf_causal_lm:
+            _check_hf_path(self.path)
         _require(self.d_model >= 8, "model.d_model", self.d_model, ">= 8")
         _require(self.n_layers >= 1, "model.n_layers", self.n_layers, ">= 1")
         _require(self.n_heads >= 1, "model.n_heads", self.n_heads, ">= 1")
@@ -203,6 +277,16 @@ class ModelConfig:
         )
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         _require(self.max_seq_len >= 8, "model.max_seq_len", self.max_seq_len, ">= 8")
+
+
+def _check_hf_path(path: str | None) -> None:
+    allowed = "a local Hugging Face model directory containing config.json (nothing is downloaded)"
+    _require(path is not None and str(path) != "", "model.path", path, allowed)
+    from pathlib import Path
+
+    p = Path(str(path)).expanduser()
+    _require(p.is_dir(), "model.path", path, allowed + f"; {p} does not exist or is not a directory")
+    _require((p / "config.json").is_file(), "model.path", path, allowed + f"; {p} has no config.json")
 
 
 @dataclass
@@ -353,6 +437,57 @@ class KLControlConfig:
 
 
 @dataclass
+class AdapterConfig:
+    """LoRA adapters on the policy's linear layers named in ``targets`` (attribute names)."""
+
+    kind: AdapterKind = AdapterKind.none
+    rank: int = 4
+    alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
+    targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
+    freeze_base: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
+        _require(self.alpha > 0, "adapter.alpha", self.alpha, "> 0")
+        _require(len(self.targets) > 0, "adapter.targets", self.targets, "a non-empty list of layer names")
+
+
+@dataclass
+class GrowthConfig:
+    """Adapter rank growth by ``rank_step`` up to ``max_rank`` (every N steps / at resets / on stall)."""
+
+    kind: GrowthKind = GrowthKind.none
+    rank_step: int = 2
+    grow_every: int = 50  # 0 disables periodic growth
+    max_rank: int = 16
+    at_reset: bool = False
+    on_stall: bool = False
+    patience: int = 2  # on_stall: evaluations of reset.metric without improvement
+    migration: Migration = Migration.preserve
+
+    def __post_init__(self) -> None:
+        _require(self.rank_step >= 1, "growth.rank_step", self.rank_step, ">= 1")
+        _require(self.grow_every >= 0, "growth.grow_every", self.grow_every, ">= 0 (0 disables)")
+        _require(self.max_rank >= 1, "growth.max_rank", self.max_rank, ">= 1")
+        _require(self.patience >= 1, "growth.patience", self.patience, ">= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 50  # steps between checkpoints; 0 disables (a preemption signal still checkpoints)
+    keep_last: int = 2
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 0, "checkpoint.every", self.every, ">= 0 (0 disables)")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, ">= 1")
+
+
+@dataclass
+class GuardConfig:
+    nonfinite: NonFinitePolicy = NonFinitePolicy.fail
+
+
+@dataclass
 class HardwareConfig:
     device: Device = Device.cpu
     torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
@@ -399,6 +534,9 @@ class WarmupConfig:
     check_size: int = 128
     seed: int = 0
     cache_dir: str = "outputs/base_cache"  # relative paths resolve against the launch directory
+    # null: warm up native policies, not Hugging Face ones (a pretrained LM is already a base).
+    # true on an HF model fine-tunes it on the task first (cached the same way); false skips it.
+    enabled: bool | None = None
 
     def __post_init__(self) -> None:
         _require(0.0 < self.target_success <= 1.0, "warmup.target_success", self.target_success, "in (0, 1]")
@@ -429,6 +567,10 @@ class Config:
     reset: ResetConfig = field(default_factory=ResetConfig)
     opt_reset: OptResetConfig = field(default_factory=OptResetConfig)
     kl_ctl: KLControlConfig = field(default_factory=KLControlConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    growth: GrowthConfig = field(default_factory=GrowthConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 0
@@ -438,6 +580,7 @@ class Config:
     run_dir: str | None = None  # None: Hydra's output directory
 
     def __post_init__(self) -> None:
+        _reject_nonfinite(self)
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
         _require(self.seed >= 0, "seed", self.seed, ">= 0")
@@ -468,6 +611,27 @@ class Config:
             self.algo.beta,
             "> 0 with kl_ctl=adaptive (a multiplicative controller cannot move beta from 0)",
         )
+        if self.growth.kind != GrowthKind.none:
+            _require(
+                self.adapter.kind == AdapterKind.lora,
+                "adapter",
+                self.adapter.kind.value,
+                "'lora' with growth=rank (growth grows the adapter rank)",
+            )
+            _require(
+                self.growth.max_rank > self.adapter.rank,
+                "growth.max_rank",
+                self.growth.max_rank,
+                f"> adapter.rank ({self.adapter.rank})",
+            )
+            _require(
+                self.growth.grow_every > 0 or self.growth.at_reset or self.growth.on_stall,
+                "growth.grow_every",
+                self.growth.grow_every,
+                "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
+            )
+        if self.model.kind != ModelKind.native:
+            return  # an HF model's context length is checked against its own config when loaded
         max_prompt, max_completion = _task_lengths(self.task)
         _require(
             max_prompt + max_completion + 1 <= self.model.max_seq_len,
@@ -475,6 +639,16 @@ class Config:
             self.model.max_seq_len,
             f">= {max_prompt + max_completion + 1} for task {self.task.name.value} with max_len={self.task.max_len}",
         )
+
+
+def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
+    """No float anywhere in the config may be NaN or infinite."""
+    for f in fields(obj):
+        val = getattr(obj, f.name)
+        if is_dataclass(val):
+            _reject_nonfinite(val, f"{prefix}{f.name}.")
+        elif isinstance(val, float):
+            _require(math.isfinite(val), f"{prefix}{f.name}", val, "a finite number")
 
 
 def _task_lengths(task: TaskConfig) -> tuple[int, int]:

@@ -15,9 +15,8 @@ def completions(tok: CharTokenizer, batch: Rollout) -> list[str]:
 
 
 def score(task: Task, texts: Sequence[str], problems: Sequence[Problem]) -> tuple[list[float], list[bool]]:
-    rewards = [task.reward(c, p.target) for c, p in zip(texts, problems)]
-    success = [task.success(c, p.target) for c, p in zip(texts, problems)]
-    return rewards, success
+    scored = [task.score(c, p) for c, p in zip(texts, problems)]
+    return [r for r, _ in scored], [s for _, s in scored]
 
 
 @torch.no_grad()

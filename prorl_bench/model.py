@@ -25,6 +25,27 @@ class KVCache:
     key_mask: torch.Tensor  # (B, T_max) bool: which cached positions are real tokens
     length: int = 0
 
+    @classmethod
+    def allocate(
+        cls,
+        n_layers: int,
+        batch: int,
+        heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> KVCache:
+        """Zeroed buffers; under CUDA autocast they take the autocast dtype (what attention sees)."""
+        if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+        shape = (batch, heads, max_len, head_dim)
+        return cls(
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
+        )
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -88,8 +109,9 @@ class TransformerPolicy(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     # -- forward passes
-    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V)."""
+    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V), or only
+        the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt)."""
         t = ids.shape[1]
         pos = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
@@ -99,17 +121,14 @@ class TransformerPolicy(nn.Module):
         x = self.tok_emb(ids) + self.pos_emb(pos)
         for blk in self.blocks:
             x = blk(x, attn[:, None])
+        if keep > 0:
+            x = x[:, -keep:]
         return self.lm_head(self.ln_f(x))
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
-        h, dh = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        dtype = self.tok_emb.weight.dtype
-        shape = (batch, h, max_len, dh)
-        return KVCache(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.blocks],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.blocks],
-            key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
-        )
+        h = self.cfg.n_heads
+        dh = self.cfg.d_model // h
+        return KVCache.allocate(len(self.blocks), batch, h, max_len, dh, self.tok_emb.weight.dtype, device)
 
     def forward_cached(
         self, ids: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor, cache: KVCache
@@ -131,9 +150,9 @@ class TransformerPolicy(nn.Module):
 
     # -- accounting
     def matmul_params(self) -> int:
-        """Parameters that take part in a matmul per token (excludes embeddings and norms)."""
+        """Parameters that take part in a matmul per token (linear weights and LoRA A/B; not embeddings)."""
         n = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return n
+        return n + sum(p.numel() for name, p in self.named_parameters() if "lora_" in name)
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs per token: 2 per matmul weight plus attention scores/values at ``context``."""

@@ -36,6 +36,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(_clean(summary), indent=2) + "\n")
+
+
 class RunWriter:
     def __init__(self, run_dir: Path) -> None:
         self.dir = Path(run_dir)
@@ -57,7 +61,7 @@ class RunWriter:
         self._write(VALIDATION, row)
 
     def summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.dir / SUMMARY, json.dumps(_clean(summary), indent=2) + "\n")
+        write_summary(self.dir, summary)
 
     def close(self) -> None:
         for f in self._files.values():

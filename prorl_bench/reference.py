@@ -40,7 +40,7 @@ class Reference:
         self._flops_per_token = flops_per_token
 
     def _forward_cost(self, acct: StepAccounting, batch: Rollout) -> None:
-        tokens = int(batch.key_mask.sum())
+        tokens = batch.key_mask.sum()  # a device scalar: StepAccounting reads it once per step
         acct.forward("ref", tokens, tokens * self._flops_per_token(batch.ids.shape[1]))
 
     def prepare(self, batch: Rollout, acct: StepAccounting) -> None:

@@ -48,7 +48,7 @@ def policy_logits(logits: torch.Tensor, temperature: float, banned: tuple[int, .
 
 
 def _banned(tok: CharTokenizer) -> tuple[int, ...]:
-    return (tok.PAD, tok.BOS)
+    return tuple(tok.banned_ids)
 
 
 @torch.no_grad()
@@ -63,7 +63,12 @@ def generate(
     generator: torch.Generator | None = None,
     greedy: bool = False,
 ) -> Rollout:
-    """Sample completions with a KV cache; stop early once every row has emitted EOS."""
+    """Sample completions with a KV cache; stop early once every row has emitted EOS.
+
+    ``tok`` is any tokenizer with PAD/EOS ids and ``banned_ids`` (CharTokenizer, HFTokenizer). The
+    completion mask is tracked from the done flags, not from ``!= PAD``, so a tokenizer whose PAD is
+    its EOS (HF models without a pad token) keeps the EOS token in the mask.
+    """
     b, p = prompt_ids.shape
     device = prompt_ids.device
     cache = policy.new_cache(b, p + max_new_tokens, device)
@@ -71,6 +76,7 @@ def generate(
     logits = policy.forward_cached(prompt_ids, prompt_mask, pos, cache)[:, -1]
     next_pos = prompt_mask.long().sum(-1, keepdim=True)
     out = torch.full((b, max_new_tokens), tok.PAD, dtype=torch.long, device=device)
+    live = torch.zeros((b, max_new_tokens), dtype=torch.bool, device=device)  # token t is generated
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ones = torch.ones(b, 1, dtype=torch.bool, device=device)
     # On GPU, checking `done.all()` is a host sync: do it every few tokens only.
@@ -87,13 +93,14 @@ def generate(
             nxt = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
         nxt = torch.where(done, torch.full_like(nxt, tok.PAD), nxt)
         out[:, t] = nxt
+        live[:, t] = ~done
         done |= nxt == tok.EOS
         if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
-            out = out[:, : t + 1]
+            out, live = out[:, : t + 1], live[:, : t + 1]
             break
         logits = policy.forward_cached(nxt[:, None], ones, next_pos, cache)[:, -1]
         next_pos = next_pos + 1
-    completion_mask = (out != tok.PAD).float()
+    completion_mask = live.float()
     ids = torch.cat([prompt_ids, out], dim=1)
     key_mask = torch.cat([prompt_mask, torch.ones_like(out, dtype=torch.bool)], dim=1)
     return Rollout(ids=ids, key_mask=key_mask, prompt_len=p, completion_mask=completion_mask)
@@ -110,8 +117,9 @@ def token_logprobs(
 
     The logprob is gathered as logit[y] - logsumexp(logits) so no (B, L, V) log-softmax is built.
     """
-    p = batch.prompt_len
-    logits = model(batch.ids, batch.key_mask)[:, p - 1 : -1]
+    # Only the L completion tokens are scored: the LM head runs on the last L + 1 positions only.
+    n = batch.ids.shape[1] - batch.prompt_len
+    logits = model(batch.ids, batch.key_mask, keep=n + 1)[:, :-1]
     z = policy_logits(logits, temperature, banned)
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse

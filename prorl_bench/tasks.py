@@ -37,6 +37,11 @@ class CharTokenizer:
     def eos_id(self) -> int:
         return self.EOS
 
+    @property
+    def banned_ids(self) -> tuple[int, ...]:
+        """Ids removed from the sampling distribution (never a valid completion token)."""
+        return (self.PAD, self.BOS)
+
     def encode(self, text: str) -> list[int]:
         out = []
         for ch in text:
@@ -135,12 +140,13 @@ class Task:
         if self._val is None:
             rng = random.Random(0xC0FFEE)
             seen: dict[str, Problem] = {}
-            for _ in range(200 * self.cfg.val_size):
+            since_new = 0  # small problem spaces run dry: stop after 5000 draws without a new one
+            while len(seen) < self.cfg.val_size and since_new < 5000:
                 p = self._problem(rng)
-                if self.is_val(p):
-                    seen.setdefault(p.prompt, p)
-                    if len(seen) >= self.cfg.val_size:
-                        break
+                since_new += 1
+                if self.is_val(p) and p.prompt not in seen:
+                    seen[p.prompt] = p
+                    since_new = 0
             if not seen:
                 raise ConfigError(
                     f"task {self.name}: no validation problems with min_len={self.cfg.min_len}, "
@@ -155,6 +161,11 @@ class Task:
 
     def success(self, completion: str, target: str) -> bool:
         return completion == target
+
+    def score(self, completion: str, problem: Problem) -> tuple[float, bool]:
+        """(reward, success) of one completion; tasks whose verifier needs more than the target
+        string (reasoning-gym entries) override this."""
+        return self.reward(completion, problem.target), self.success(completion, problem.target)
 
 
 def _digits(rng: random.Random, n: int) -> str:
@@ -193,6 +204,10 @@ def _add(rng: random.Random, n: int) -> tuple[str, str]:
 
 def make_task(cfg: TaskConfig) -> Task:
     """Build the task named by ``cfg.name``. Lengths: symbols in the input (per operand for add)."""
+    if cfg.name == TaskName.reasoning_gym:
+        from prorl_bench.reasoning_gym_task import ReasoningGymTask  # optional extra, imported lazily
+
+        return ReasoningGymTask(cfg)
     same = (lambda n: n + 2, lambda n: n)  # "<tag><n symbols>=" -> n symbols
     table = {
         TaskName.reverse_digits: ("R", _reverse, *same),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -18,12 +19,14 @@ import torch
 
 from prorl_bench.accounting import StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
-from prorl_bench.base import load_or_train_base
+from prorl_bench.checkpoint import config_dict, load_latest, restore_rng, rng_state, save_checkpoint, truncate_logs
 from prorl_bench.config import (
+    AdapterKind,
     Config,
     ConfigError,
     Device,
     DType,
+    GrowthKind,
     K2Mode,
     KLName,
     KLPlacement,
@@ -32,25 +35,20 @@ from prorl_bench.config import (
     ResetTrigger,
 )
 from prorl_bench.evaluation import completions, evaluate, score
+from prorl_bench.growth import GrowthSchedule, migrate_optimizer
+from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.kl_control import KLController
+from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
+from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import build_reference
 from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.sinks import open_writer
-from prorl_bench.tasks import CharTokenizer, make_task
-
-
-class NonFiniteError(FloatingPointError):
-    """A NaN/inf appeared; the message names the step, stage and tensor."""
-
-
-def check_finite(t: torch.Tensor, step: int, stage: str, name: str) -> None:
-    if not bool(torch.isfinite(t).all()):
-        raise NonFiniteError(f"non-finite values in '{name}' at step {step}, stage '{stage}'")
+from prorl_bench.tasks import make_task
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -84,14 +82,18 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     device = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
-    tok = CharTokenizer()
-    banned = (tok.PAD, tok.BOS)
+    tok = build_tokenizer(cfg)  # CharTokenizer, or the HF checkpoint's tokenizer
+    banned = tuple(tok.banned_ids)
     task = make_task(cfg.task)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.hardware.dtype == DType.bf16 else nullcontext()
+    bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    # -- the base policy (cached warm-up) and the variant's reference strategy
-    policy, base_info = load_or_train_base(cfg, task, tok, device, cache_root)
+    # -- the base policy (cached warm-up; an HF model as loaded) and the variant's reference strategy
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root)
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
+    if cfg.adapter.kind == AdapterKind.lora:
+        d = cfg.adapter
+        attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
     policy.train()
     batch_size = a.prompts_per_step * a.group_size
     mb_size = batch_size // a.minibatches
@@ -105,29 +107,14 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         max_len=task.max_completion_len,
         device=device,
     )
-    optimizer = torch.optim.AdamW(
-        policy.parameters(),
-        lr=a.lr,
-        betas=(a.adam_beta1, a.adam_beta2),
-        eps=a.adam_eps,
-        weight_decay=a.weight_decay,
-    )
+    optimizer = build_optimizer(policy, a)
     schedule = LRSchedule(a.lr, a.lr_warmup_steps)
     kl_ctl = KLController(a.beta, cfg.kl_ctl)
     resets = ResetSchedule(cfg.reset)
+    growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
     kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
     objective = "trust_region_vs_old" if ref.model is None else "kl_to_reference"
 
-    out = open_writer(cfg, run_dir)  # JSONL files (+ TensorBoard / W&B when tracking.* is on)
-    out.event(
-        0,
-        "start",
-        "run",
-        variant=cfg.variant.name.value,
-        objective=objective,
-        base=base_info,
-        params=sum(p.numel() for p in policy.parameters()),
-    )
     peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
     acct = StepAccounting(device)
     rng = random.Random(cfg.seed)  # prompts
@@ -136,9 +123,47 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     val_problems = task.val_set()
     history: list[dict[str, Any]] = []
     val_rows: list[dict[str, Any]] = []
-    bar = _progress_bar(cfg.steps) if progress else None
+    guard = NonFiniteGuard(cfg.guard.nonfinite, device)
 
-    for step in range(1, cfg.steps + 1):
+    # -- resume: continue from the newest checkpoint of this run directory, if there is one
+    start = 1
+    ckpt = load_latest(run_dir, cfg)
+    if ckpt is not None:
+        if cfg.adapter.kind == AdapterKind.lora and ckpt["adapter_rank"] > adapter_rank(policy):
+            grow_rank([policy] if ref.model is None else [policy, ref.model], ckpt["adapter_rank"], seed=0)
+        policy.load_state_dict(ckpt["policy"])
+        if ref.model is not None:
+            ref.model.load_state_dict(ckpt["reference"])
+        optimizer = build_optimizer(policy, a)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        schedule.start, schedule.warmup = ckpt["schedule"]
+        kl_ctl.load_state_dict(ckpt["kl_ctl"])
+        resets.load_state_dict(ckpt["resets"])
+        if growth is not None:
+            growth.load_state_dict(ckpt["growth"])
+        restore_rng(ckpt["rng"], rng, sample_gen, shuffle_gen)
+        history, val_rows, guard.skipped = ckpt["history"], ckpt["val_rows"], ckpt["skipped"]
+        start = ckpt["step"] + 1
+    # every step exactly once: drop rows past the checkpoint (all rows when starting afresh)
+    truncate_logs(run_dir, start - 1 if ckpt is not None else -1)
+
+    out = open_writer(cfg, run_dir)  # JSONL files (+ TensorBoard / W&B when tracking.* is on)
+    if ckpt is None:
+        out.event(
+            0,
+            "start",
+            "run",
+            variant=cfg.variant.name.value,
+            objective=objective,
+            base=base_info,
+            params=sum(p.numel() for p in policy.parameters()),
+        )
+    else:
+        out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+    preempt = PreemptionFlag()
+    bar = _progress_bar(cfg.steps, start - 1) if progress else None
+
+    for step in range(start, cfg.steps + 1):
         acct.reset()
         beta = kl_ctl.value
         for group in optimizer.param_groups:
@@ -160,7 +185,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             )
             mask = batch.completion_mask
             n_gen = int(mask.sum())
-            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * int(batch.key_mask.sum()))
+            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
 
         # 2. reward: the task's verifier
         with acct.stage("reward"):
@@ -172,7 +197,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         with acct.stage("old_logprob"), autocast:
             logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
             _count_policy_forward(acct, policy, batch, backward=False)
-        check_finite(logp_old, step, "old_logprob", "logp_old")
+        finite = guard.ok(logp_old, step, "old_logprob", "logp_old")
 
         # 4. reference logprobs (S4): A1/A2/C compute them here once; A0 later per minibatch; B never
         with acct.stage("ref_logprob"), autocast:
@@ -189,8 +214,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                 kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
             shaped = rewards - beta * (kl_tok * mask).sum(-1).view_as(rewards)
         adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
-        check_finite(adv, step, "advantages", "advantages")
+        finite = finite and guard.ok(adv, step, "advantages", "advantages")
         keep = informative_groups(rewards) if a.dynamic_sampling else torch.ones_like(rewards[:, 0], dtype=torch.bool)
+        keep &= finite  # skip_batch: a non-finite rollout updates nothing
         rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
 
         # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
@@ -224,12 +250,15 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                         kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
                     ent = aggregate(entropy, mb_mask, a.loss_agg)
                     loss = pg + beta * kl_loss - a.entropy_coef * ent
-                    check_finite(loss, step, "update", "loss/total")
                     optimizer.zero_grad(set_to_none=True)
+                    if not guard.ok(loss, step, "update", "loss/total"):
+                        continue
                     loss.backward()
                     max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
                     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
-                    check_finite(grad_norm, step, "update", "grad_norm")
+                    if not guard.ok(grad_norm, step, "update", "grad_norm"):
+                        optimizer.zero_grad(set_to_none=True)
+                        continue
                     optimizer.step()
                     n_mb += 1
                     # accumulate on device; one host transfer per step (no syncs inside the loop)
@@ -244,6 +273,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     ):
                         sums[key] = sums[key] + val.detach()
 
+        guard.flush()
         row: dict[str, Any] = {"step": step}
         row["reward/mean"] = float(rewards.mean())
         row["reward/std"] = float(rewards.std())
@@ -255,6 +285,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row["update_norm"] = _update_norm(params_before, policy)
         row["response_len"] = float(mask.sum(-1).mean())
         row["ds/kept_frac"] = len(rows) / len(batch)
+        row["guard/skipped"] = guard.skipped
 
         # 7. held-out validation (feeds the stall trigger)
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -263,6 +294,8 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             out.validation(v)
             val_rows.append(v)
             resets.observe_validation(v[cfg.reset.metric.value])
+            if growth is not None:
+                growth.observe_validation(v[cfg.reset.metric.value])
 
         # 8. reference reset at the step boundary (variant C): S1 reference, S3 optimizer state
         resets.observe_step(step, None if ref.model is None else row["kl/ref"])
@@ -275,7 +308,17 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             out.event(step, "reset", reason, **info)
         kl_ctl.update(row["kl/ref"] if ref.model is not None else row["kl/old"])
 
-        # 9. log one metrics row
+        # 9. topology growth: the adapter rank grows, the optimizer state is migrated
+        why = growth.due(step, adapter_rank(policy), bool(row["reset"])) if growth is not None else None
+        row["growth"] = int(why is not None)
+        if why is not None:
+            with acct.stage("growth"):
+                optimizer, info = _grow(cfg, step, policy, ref, optimizer)
+            out.event(step, "growth", why, **info)
+        if cfg.adapter.kind == AdapterKind.lora:
+            row["adapter/rank"] = adapter_rank(policy)
+
+        # 10. log one metrics row
         row.update(acct.row(len(batch), n_gen, peak))
         out.metrics(row)
         history.append(row)
@@ -288,6 +331,35 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                 refresh=False,
             )
 
+        # 11. checkpoint: periodically, and at once when a preemption signal arrived
+        every = cfg.checkpoint.every
+        if preempt.requested or (every and step % every == 0) or step == cfg.steps:
+            state = {
+                "config": config_dict(cfg),
+                "policy": policy.state_dict(),
+                "reference": None if ref.model is None else ref.model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "schedule": (schedule.start, schedule.warmup),
+                "kl_ctl": kl_ctl.state_dict(),
+                "resets": resets.state_dict(),
+                "growth": None if growth is None else growth.state_dict(),
+                "adapter_rank": adapter_rank(policy) if cfg.adapter.kind == AdapterKind.lora else 0,
+                "rng": rng_state(rng, sample_gen, shuffle_gen),
+                "history": history,
+                "val_rows": val_rows,
+                "skipped": guard.skipped,
+            }
+            save_checkpoint(run_dir, step, state, cfg.checkpoint.keep_last)
+        if preempt.requested and step < cfg.steps:
+            preempt.close()
+            summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
+            summary["status"] = "preempted"
+            out.event(step, "preempted", signal.Signals(preempt.signum).name)
+            out.summary(summary)
+            out.close()
+            raise Preempted(step, preempt.signum)
+
+    preempt.close()
     if bar is not None:
         bar.close()
     summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
@@ -352,6 +424,34 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
     }
 
 
+def build_optimizer(policy: torch.nn.Module, a) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters (adapters only when the base is frozen)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=a.weight_decay
+    )
+
+
+def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    """Grow every adapter by growth.rank_step — the reference grows with identical new rows, so
+    it keeps its function and stays reset-compatible — and migrate the optimizer state."""
+    old_rank = adapter_rank(policy)
+    trainable_before = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    models = [policy] if ref.model is None else [policy, ref.model]
+    grown = grow_rank(models, old_rank + cfg.growth.rank_step, seed=cfg.seed * 1_000_003 + step)
+    optimizer, info = migrate_optimizer(
+        optimizer, grown[0], cfg.growth.migration, rebuild=lambda: build_optimizer(policy, cfg.algo)
+    )
+    return optimizer, {
+        "old_rank": old_rank,
+        "new_rank": adapter_rank(policy),
+        "trainable_params_before": trainable_before,
+        "trainable_params_after": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        "reference_grown": ref.model is not None,
+        **info,
+    }
+
+
 def _update_norm(before: list[torch.Tensor], policy: torch.nn.Module) -> float:
     """L2 norm of this step's parameter change (all PPO epochs/minibatches together)."""
     sq = sum(float((p.detach() - b).double().square().sum()) for b, p in zip(before, policy.parameters()))
@@ -359,7 +459,7 @@ def _update_norm(before: list[torch.Tensor], policy: torch.nn.Module) -> float:
 
 
 def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:
-    tokens = int(batch.key_mask.sum())
+    tokens = batch.key_mask.sum()  # a device scalar: StepAccounting reads it once per step (no sync here)
     fwd = tokens * policy.flops_per_token(batch.ids.shape[1])
     acct.forward("policy", tokens, fwd * (3.0 if backward else 1.0))  # backward ~ 2x forward
 
@@ -447,7 +547,7 @@ def _fmt(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.4f}"
 
 
-def _progress_bar(total: int):
+def _progress_bar(total: int, done: int):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="prorl-bench", unit="step", dynamic_ncols=True, mininterval=1.0)
+    return tqdm(total=total, initial=done, desc="prorl-bench", unit="step", dynamic_ncols=True, mininterval=1.0)

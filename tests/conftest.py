@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from prorl_bench.app import CONF_DIR
 from prorl_bench.config import Config, register_configs, to_config
 
 register_configs()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Small but real: a few RL steps from a quickly warmed-up base. Used by most trainer tests.
 FAST = [
@@ -57,3 +60,28 @@ def run_exp(tmp_path, base_cache):
         return train(cfg, run_dir, base_cache, threads=1), run_dir
 
     return _run
+
+
+# --------------------------------------------------------------------------- tiny local HF checkpoints
+# Nothing is downloaded: a LLaMA-architecture model with random weights and a char WordPiece
+# tokenizer are built in a temp dir once per session (prorl_bench/tiny_hf.py).
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory) -> Path:
+    """A ~60k-parameter LLaMA (grouped-query attention) whose tokenizer has *no* pad token."""
+    pytest.importorskip("transformers")
+    from prorl_bench.tiny_hf import build_tiny_llama
+
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("hf") / "nopad", hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, with_pad=False
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir_pad(tmp_path_factory) -> Path:
+    """As tiny_hf_dir, with a dedicated pad token and full multi-head attention."""
+    pytest.importorskip("transformers")
+    from prorl_bench.tiny_hf import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("hf") / "pad", hidden_size=32, n_layers=2, n_heads=4, with_pad=True)

@@ -18,10 +18,14 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((Path(CONF_DIR) / g).glob
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes_and_validates(group, option):
+def test_every_option_composes_and_validates(group, option, request):
     overrides = [f"{group}={option}"]
+    if group == "model" and option == "hf_causal_lm":  # needs a local checkpoint (built, not downloaded)
+        overrides.append(f"model.path={request.getfixturevalue('tiny_hf_dir')}")
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's
+    if group == "growth":
+        overrides.append("adapter=lora")  # growth grows adapters
     if group == "hardware" and option == "cuda":
         cfg = make_config(overrides)  # validates without a GPU; the device is resolved at run time
         assert cfg.hardware.device.value == "cuda"

@@ -120,7 +120,9 @@ def test_nan_loss_fails_naming_stage_and_tensor(run_exp, monkeypatch):
         return loss * float("nan"), clipped
 
     monkeypatch.setattr(trainer, "clipped_surrogate", poisoned)
-    with pytest.raises(trainer.NonFiniteError, match="'loss/total' at step 1, stage 'update'"):
+    from prorl_bench.guards import NonFiniteError
+
+    with pytest.raises(NonFiniteError, match="'loss/total' at step 1, stage 'update'"):
         run_exp([], name="nan")
 
 

@@ -1,0 +1,275 @@
+"""prorl-bench vs TRL's GRPOTrainer on the same Hugging Face model, one process per side.
+
+    python benchmarks/bench_vs_trl.py                 # builds the model, runs every side, prints the table
+    python benchmarks/bench_vs_trl.py --threads 2 --steps 6 --warmup-steps 2 --repeats 2
+
+Sides (each a fresh ``python benchmarks/bench_vs_trl.py --side NAME`` process, run one after another
+on this machine with the same torch thread count):
+
+* ``trl``          TRL ``GRPOTrainer`` on the model directory (needs the ``bench`` extra: trl)
+* ``prorl_hf``     prorl-bench, ``model=hf_causal_lm`` on the same directory, HF module forward
+* ``prorl_fast``   prorl-bench, same directory, the fast LLaMA forward (``model.impl=fast``, the default)
+* ``prorl_native`` prorl-bench's native policy with (about) the same parameter count
+
+Identical on every side: model weights (one ``save_pretrained`` directory, built once, random init,
+~0.84M parameters), prompts ("[BOS]R<6 digits>=", the reverse-digits task, same reward function),
+8 prompts x 8 completions, at most 7 completion tokens, temperature 1, 2 PPO epochs (TRL
+``num_iterations=2``) of 2 minibatches of 32 (TRL ``per_device_train_batch_size=32``,
+``steps_per_generation=2``), beta (k3 KL to a frozen reference), clip 0.2/0.28, AdamW lr, no warm-up.
+samples/s = completions generated *and trained on* per second of wall time, measured between the
+ends of consecutive RL steps (TRL: every 4th optimizer step, one generation batch), after
+``--warmup-steps`` untimed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS, GROUP, COMPLETION, EPOCHS, MINIBATCHES = 8, 8, 7, 2, 2
+BETA, LR, EPS_LOW, EPS_HIGH, TEMPERATURE = 0.01, 1e-3, 0.2, 0.28, 1.0
+DIGITS = COMPLETION - 1  # the reversed digits + EOS fill the completion budget
+
+
+def reward_text(completion: str, prompt: str) -> float:
+    """Reverse-digits exact match: the prompt '...R123456=' wants '654321'."""
+    digits = prompt.rsplit("R", 1)[-1].rstrip("=")
+    return 1.0 if completion.strip() == digits[::-1] else 0.0
+
+
+# --------------------------------------------------------------------------- sides
+
+
+def run_trl(model_dir: str, steps: int, warm: int, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    rng = random.Random(0)
+    prompts = ["[BOS]R" + "".join(rng.choice("0123456789") for _ in range(DIGITS)) + "=" for _ in range(4096)]
+    data = Dataset.from_list([{"prompt": p} for p in prompts])
+
+    def reward(prompts, completions, **kw):
+        return [reward_text(c, p) for c, p in zip(completions, prompts)]
+
+    per_gen = MINIBATCHES * EPOCHS  # optimizer steps per generation batch
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_bench_"),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=PROMPTS * GROUP // MINIBATCHES,
+        steps_per_generation=MINIBATCHES,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP,
+        num_iterations=EPOCHS,
+        max_completion_length=COMPLETION,
+        temperature=TEMPERATURE,
+        top_p=1.0,
+        top_k=0,
+        beta=BETA,
+        epsilon=EPS_LOW,
+        epsilon_high=EPS_HIGH,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=per_gen * (warm + steps),
+        logging_steps=10**6,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+        seed=0,
+    )
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % per_gen == 0:
+                ends.append(time.perf_counter())
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[Clock()]
+    )
+    trainer.train()
+    times = [b - a for a, b in zip(ends[warm - 1 :], ends[warm:])] if warm >= 1 else []
+    return {"side": "trl", "step_times": times, "params": sum(p.numel() for p in model.parameters())}
+
+
+def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | None) -> dict:
+    import torch
+
+    from prorl_bench import outputs
+    from prorl_bench.accounting import measured_matmul_peak
+    from prorl_bench.config import (
+        AlgoConfig,
+        Config,
+        HardwareConfig,
+        HFImpl,
+        ModelConfig,
+        ModelKind,
+        TaskConfig,
+        TaskName,
+        WarmupConfig,
+    )
+    from prorl_bench.trainer import train
+
+    torch.set_num_threads(threads)
+    if impl is None:
+        model = ModelConfig(kind=ModelKind.native, d_model=128, n_layers=4, n_heads=4, max_seq_len=32)
+    else:
+        model = ModelConfig(kind=ModelKind.hf_causal_lm, path=model_dir, impl=HFImpl(impl))
+    cfg = Config(
+        task=TaskConfig(name=TaskName.reverse_digits, min_len=DIGITS, max_len=DIGITS),
+        model=model,
+        algo=AlgoConfig(
+            prompts_per_step=PROMPTS,
+            group_size=GROUP,
+            ppo_epochs=EPOCHS,
+            minibatches=MINIBATCHES,
+            beta=BETA,
+            lr=LR,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            temperature=TEMPERATURE,
+        ),
+        hardware=HardwareConfig(torch_threads=threads, deterministic=False),
+        warmup=WarmupConfig(enabled=False),
+        steps=warm + steps,
+        eval_every=10**6,
+        progress=False,
+    )
+    ends: list[float] = []
+    rows: list[dict] = []
+    original = outputs.RunWriter.metrics
+
+    def clocked(self, row):  # the end of every RL step, after its metrics row is complete
+        ends.append(time.perf_counter())
+        rows.append(dict(row))
+        return original(self, row)
+
+    outputs.RunWriter.metrics = clocked
+    with tempfile.TemporaryDirectory() as d:
+        summary = train(cfg, Path(d) / "run", Path(d) / "cache", threads=threads)
+    times = [b - a for a, b in zip(ends[warm - 1 :], ends[warm:])]
+    timed = rows[warm:]
+    stages = ("rollout", "reward", "old_logprob", "ref_logprob", "update")
+    side = "prorl_native" if impl is None else f"prorl_{impl}"
+    return {
+        "side": side,
+        "step_times": times,
+        "params": summary["base"].get("params") if isinstance(summary.get("base"), dict) else None,
+        "flops_per_step": statistics.mean(r["perf/flops"] for r in timed),
+        "stage_times": {s: statistics.mean(r[f"time/{s}"] for r in timed) for s in stages},
+        "response_len": statistics.mean(r["response_len"] for r in timed),
+        "peak_flops": measured_matmul_peak(torch.device("cpu")),
+    }
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def run_side(side: str, model_dir: str, steps: int, warm: int, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--steps", str(steps)]
+    cmd += ["--warmup-steps", str(warm), "--threads", str(threads), "--json", out]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"side {side} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    res = json.loads(Path(out).read_text())
+    res["process_wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def count_params(model_dir: str) -> int:
+    from transformers import AutoModelForCausalLM
+
+    return sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--side", choices=["trl", "prorl_hf", "prorl_fast", "prorl_native"])
+    ap.add_argument("--sides", default="trl,prorl_hf,prorl_fast,prorl_native")
+    ap.add_argument("--model-dir", default=None, help="an HF model dir; default: build the tiny LLaMA")
+    ap.add_argument("--steps", type=int, default=6, help="timed RL steps per side")
+    ap.add_argument("--warmup-steps", type=int, default=2, help="untimed RL steps first")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="run every side this many times, interleaved")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    if a.side:  # one side, in this process
+        if a.side == "trl":
+            res = run_trl(a.model_dir, a.steps, a.warmup_steps, a.threads)
+        else:
+            impl = {"prorl_hf": "hf", "prorl_fast": "fast", "prorl_native": None}[a.side]
+            res = run_prorl(a.model_dir, a.steps, a.warmup_steps, a.threads, impl)
+        Path(a.json).write_text(json.dumps(res))
+        return
+
+    from prorl_bench.tiny_hf import build_tiny_llama
+
+    model_dir = a.model_dir or str(build_tiny_llama(tempfile.mkdtemp(prefix="tiny_llama_") + "/model"))
+    print(
+        f"model: {model_dir} ({count_params(model_dir) / 1e6:.3f}M params), threads={a.threads}, "
+        f"{PROMPTS}x{GROUP} samples/step, <= {COMPLETION} completion tokens, {EPOCHS} epochs x {MINIBATCHES} "
+        f"minibatches, beta={BETA}, lr={LR}"
+    )
+    sides = a.sides.split(",")
+    results: dict[str, list[dict]] = {s: [] for s in sides}
+    for rep in range(a.repeats):  # interleaved, so background load hits every side alike
+        for s in sides:
+            r = run_side(s, model_dir, a.steps, a.warmup_steps, a.threads)
+            results[s].append(r)
+            print(f"  [{rep}] {s:13s} median step {statistics.median(r['step_times']) * 1e3:8.1f} ms")
+    report(results)
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    batch = PROMPTS * GROUP
+
+    def sps(side: str) -> float:  # best repeat's median step time: the least-disturbed measurement
+        return batch / min(statistics.median(r["step_times"]) for r in results[side])
+
+    print("\nside            samples/s   ms/step   vs TRL")
+    base = sps("trl") if "trl" in results else None
+    for s in results:
+        v = sps(s)
+        ratio = f"{v / base:6.2f}x" if base else "   -"
+        print(f"{s:14s} {v:10.1f} {batch / v * 1e3:9.1f}   {ratio}")
+    for s in results:
+        if not s.startswith("prorl"):
+            continue
+        best = min(results[s], key=lambda r: statistics.median(r["step_times"]))
+        step = statistics.median(best["step_times"])
+        flops, peak = best["flops_per_step"], best["peak_flops"]
+        print(
+            f"\n{s}: {flops / 1e9:.2f} GFLOP/step (fwd + 2x fwd for backward), achieved "
+            f"{flops / step / 1e9:.2f} GFLOP/s vs measured matmul peak {peak / 1e9:.1f} GFLOP/s: "
+            f"MFU {flops / step / peak:.1%}; FLOP floor {flops / peak * 1e3:.1f} ms/step "
+            f"(step {step * 1e3:.1f} ms, mean completion {best['response_len']:.2f} tokens)"
+        )
+        stage = best["stage_times"]
+        print("  stage profile (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in stage.items()))
+
+
+if __name__ == "__main__":
+    main()

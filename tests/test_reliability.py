@@ -1,0 +1,150 @@
+"""Reliability: kill/resume identity, preemption, config-mismatch refusal, non-finite guard."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prorl_bench.config import ConfigError
+from prorl_bench.outputs import read_jsonl
+
+from .conftest import FAST, make_config, strip_timing
+
+EXE = str(Path(sys.executable).with_name("prorl-bench"))
+RUN = FAST[:-1] + ["steps=40", "eval_every=10", "checkpoint.every=5", "progress=false", "hardware.torch_threads=1"]
+
+
+def _cmd(run_dir, cache, extra=()):
+    return [EXE, *RUN, f"warmup.cache_dir={cache}", f"hydra.run.dir={run_dir}", *extra]
+
+
+def _start(run_dir, cache, extra=()):
+    return subprocess.Popen(_cmd(run_dir, cache, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_rows(run_dir, n, proc, timeout=120):
+    t0 = time.time()
+    path = Path(run_dir) / "metrics.jsonl"
+    while time.time() - t0 < timeout:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read()}")
+        time.sleep(0.01)
+    raise AssertionError("timed out waiting for metrics rows")
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, base_cache):
+    d = tmp_path_factory.mktemp("uninterrupted") / "run"
+    r = subprocess.run(_cmd(d, base_cache), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def _same_run(d, ref):
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 41))  # every step exactly once
+    assert strip_timing(rows) == strip_timing(read_jsonl(ref / "metrics.jsonl"))
+    assert read_jsonl(d / "validation.jsonl") == read_jsonl(ref / "validation.jsonl")
+    drop = ("start", "resume", "preempted", "end")
+    ev = [e for e in read_jsonl(d / "events.jsonl") if e["event"] not in drop]
+    assert ev == [e for e in read_jsonl(ref / "events.jsonl") if e["event"] not in drop]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_identical_to_an_uninterrupted_run(tmp_path, base_cache, reference_run):
+    d = tmp_path / "run"
+    proc = _start(d, base_cache)
+    _wait_rows(d, 13, proc)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert 13 <= len(read_jsonl(d / "metrics.jsonl")) < 40  # killed mid-way, past a checkpoint
+    r = subprocess.run(_cmd(d, base_cache), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    _same_run(d, reference_run)
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_with_status_preempted_and_resume_completes(tmp_path, base_cache, reference_run):
+    d = tmp_path / "run"
+    proc = _start(d, base_cache)
+    _wait_rows(d, 7, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75, proc.stderr.read()
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["status"] == "preempted"
+    last = summary["steps_completed"]
+    assert (d / "checkpoints" / f"step_{last:08d}.pt").exists()  # checkpointed at the signal, off-cadence ok
+    assert [e for e in read_jsonl(d / "events.jsonl") if e["event"] == "preempted"][0]["reason"] == "SIGTERM"
+    r = subprocess.run(_cmd(d, base_cache), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    _same_run(d, reference_run)
+
+
+def test_checkpoints_keep_last_n_and_resume_refuses_a_different_config(run_exp, base_cache):
+    from prorl_bench.trainer import train
+
+    summary, d = run_exp(["checkpoint.every=2", "checkpoint.keep_last=2"], name="ck")
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000004.pt", "step_00000006.pt"]
+    other = make_config(FAST + ["algo.lr=0.5", "seed=9"])
+    with pytest.raises(ConfigError, match=r"2 field\(s\): algo.lr: 0.001 -> 0.5; seed: 0 -> 9"):
+        train(other, d, base_cache)
+    longer = make_config(FAST + ["checkpoint.every=2", "steps=8"])  # `steps` may change: extend a run
+    assert train(longer, d, base_cache)["steps_completed"] == 8
+    assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == list(range(1, 9))
+
+
+def test_resume_with_growth_and_resets_restores_adapter_rank(run_exp, tmp_path, base_cache):
+    from prorl_bench.trainer import train
+
+    knobs = FAST + [
+        "variant=C",
+        "reset=periodic",
+        "reset.every=2",
+        "opt_reset=soft",
+        "adapter=lora",
+        "growth=rank",
+        "growth.grow_every=2",
+        "growth.migration=preserve",
+        "checkpoint.every=4",
+    ]
+    full = train(make_config(knobs), tmp_path / "full", base_cache)
+    part = tmp_path / "part"
+    train(make_config(knobs[:1] + ["steps=4"] + knobs[1:]), part, base_cache)  # "interrupted" after step 4
+    (part / "metrics.jsonl").open("a").write('{"step": 5, "torn')  # a torn last line from the crash
+    resumed = train(make_config(knobs), part, base_cache)
+    assert resumed["reset_steps"] == full["reset_steps"]
+    assert strip_timing(read_jsonl(part / "metrics.jsonl")) == strip_timing(
+        read_jsonl(tmp_path / "full" / "metrics.jsonl")
+    )
+
+
+def test_skip_batch_guard_counts_and_continues(run_exp, monkeypatch):
+    import prorl_bench.trainer as trainer
+
+    real = trainer.clipped_surrogate
+    calls = {"n": 0}
+
+    def sometimes_nan(*a, **k):
+        calls["n"] += 1
+        loss, clipped = real(*a, **k)
+        return (loss * float("nan") if calls["n"] % 4 == 1 else loss), clipped
+
+    monkeypatch.setattr(trainer, "clipped_surrogate", sometimes_nan)
+    with pytest.warns(UserWarning, match="skipped"):
+        summary, d = run_exp(["guard.nonfinite=skip_batch"], name="skip")
+    assert summary["status"] == "completed"
+    assert read_jsonl(d / "metrics.jsonl")[-1]["guard/skipped"] == 6  # 6 steps x 4 minibatches / 4
+
+
+def test_nan_config_values_are_rejected():
+    with pytest.raises(ConfigError, match="algo.beta"):
+        make_config(["algo.beta=inf"])
+    with pytest.raises(ConfigError, match="algo.lr"):
+        make_config(["algo.lr=nan"])
