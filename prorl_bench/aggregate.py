@@ -8,8 +8,8 @@ Use it three ways:
   ``run_table`` -> ``group_table`` -> ``markdown_report``.
 
 Groups are the combinations of the overrides that vary across the sweep, seed excluded. Statistics
-use completed runs only; failed, incomplete and missing runs are counted per group and listed with
-their error in the runs table — never dropped.
+use completed runs only; failed, preempted, incomplete and missing runs are counted per group and
+listed with their error in the runs table — never dropped.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ PRINTED = [
     "time_per_step_ms",
     "recovery_steps",
 ]
-STATUSES = ("completed", "failed", "incomplete", "missing")
+STATUSES = ("completed", "failed", "preempted", "incomplete", "missing")
 
 
 def _col(df: pd.DataFrame, key: str) -> list[float | None]:

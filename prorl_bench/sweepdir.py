@@ -3,7 +3,8 @@
 A run directory is any folder under the sweep directory holding ``.hydra/overrides.yaml`` (Hydra
 writes it before the job starts, so it exists for jobs that failed at once). Its status:
 
-* ``completed`` / ``failed``: from ``summary.json`` (failed carries the error text),
+* ``completed`` / ``failed`` / ``preempted``: from ``summary.json`` (failed carries the error text;
+  preempted runs stopped on SIGTERM/SIGINT with a checkpoint and resume when re-run),
 * ``incomplete``: no ``summary.json`` — killed, timed out or still running (steps logged so far kept),
 * ``missing``: in the grid recorded in ``multirun.yaml`` but without a directory (never started).
 
@@ -27,6 +28,7 @@ from prorl_bench.outputs import EVENTS, METRICS, RESOLVED_CONFIG, SUMMARY, VALID
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 MULTIRUN = "multirun.yaml"
 SEED_KEY = "seed"
+SUMMARY_STATUSES = ("completed", "failed", "preempted")  # what the trainer / app write into summary.json
 # Overrides that never define a comparison group: the grid's own name and Hydra's settings.
 NON_GROUP_PREFIXES = ("hydra.", "hydra/", "sweep", "run_dir", "progress")
 
@@ -41,7 +43,7 @@ class RunRecord:
 
     run_dir: Path | None
     overrides: dict[str, str]
-    status: str  # completed | failed | incomplete | missing
+    status: str  # completed | failed | preempted | incomplete | missing
     error: str | None = None
     summary: dict[str, Any] | None = None
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -120,10 +122,12 @@ def load_run(run_dir: Path) -> RunRecord:
             summary = json.loads((run_dir / SUMMARY).read_text())
         except json.JSONDecodeError as e:
             raise SweepDirError(f"{run_dir / SUMMARY}: not valid JSON ({e})") from e
-        if not isinstance(summary, dict) or summary.get("status") not in ("completed", "failed"):
-            raise SweepDirError(f"{run_dir / SUMMARY}: expected an object with status completed|failed")
+        if not isinstance(summary, dict) or summary.get("status") not in SUMMARY_STATUSES:
+            raise SweepDirError(f"{run_dir / SUMMARY}: expected an object with status {'|'.join(SUMMARY_STATUSES)}")
     if summary is not None:
         status, error = summary["status"], summary.get("error")
+        if status == "preempted" and not error:
+            error = f"preempted after {summary.get('steps_completed', len(metrics))} steps; re-run to resume"
     else:
         status = "incomplete"
         where = "during start-up/warm-up" if metrics.empty else f"after {len(metrics)} logged steps"

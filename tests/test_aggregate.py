@@ -18,7 +18,7 @@ T975_DF2 = 4.3026527  # Student t, 97.5% quantile, 2 degrees of freedom
 
 @pytest.fixture
 def sweep_dir(tmp_path):
-    """A1: 3 completed seeds with constant rewards 0.2/0.4/0.6; B: completed, failed, incomplete;
+    """A1: 3 completed seeds with constant rewards 0.2/0.4/0.6; B: completed, failed, incomplete, preempted;
     C: in the grid of multirun.yaml but never started (missing)."""
     d = tmp_path / "sweep"
     d.mkdir()
@@ -37,6 +37,8 @@ def sweep_dir(tmp_path):
     write_run(d, ["variant=B", "seed=1", "+sweep=ablation", "steps=10"],
               summary={"status": "failed", "error": "ConfigError: invalid config value seed=-1\ntraceback..."})
     write_run(d, ["variant=B", "seed=2", "+sweep=ablation", "steps=10"], metrics=metric_rows([0.9] * 3))
+    write_run(d, ["variant=B", "seed=3", "+sweep=ablation", "steps=10"], metrics=metric_rows([0.9] * 4),
+              summary={"status": "preempted", "error": None, "steps_completed": 4})
     return d
 
 
@@ -68,7 +70,7 @@ def test_group_statistics_match_hand_computed_values(sweep_dir):
 def test_failed_incomplete_and_missing_runs_are_reported_not_dropped(sweep_dir):
     res = agg.aggregate(sweep_dir, figures=False)
     b = _group(res, "B")
-    assert (b["n_runs"], b["n_completed"], b["n_failed"], b["n_incomplete"]) == (3, 1, 1, 1)
+    assert (b["n_runs"], b["n_completed"], b["n_failed"], b["n_incomplete"], b["n_preempted"]) == (4, 1, 1, 1, 1)
     assert b["success_final_n"] == 1 and b["success_final_mean"] == pytest.approx(0.3)  # completed only
     assert math.isnan(b["kl_mean_mean"])  # no reference in B
     c = _group(res, "C")
@@ -79,13 +81,16 @@ def test_failed_incomplete_and_missing_runs_are_reported_not_dropped(sweep_dir):
     assert runs.loc[("B", "2"), "status"] == "incomplete"
     assert runs.loc[("B", "2"), "steps_logged"] == 3
     assert "after 3 logged steps" in runs.loc[("B", "2"), "error"]
-    assert len(res.runs) == 9
+    assert runs.loc[("B", "3"), "status"] == "preempted"
+    assert runs.loc[("B", "3"), "error"] == "preempted after 4 steps; re-run to resume"
+    assert len(res.runs) == 10
     md = res.markdown
-    assert "| B | 1/3 ok, 1 failed, 1 incomplete |" in md
+    assert "| B | 1/4 ok, 1 failed, 1 preempted, 1 incomplete |" in md
     assert "| C | 0/3 ok, 3 missing |" in md
     assert "ConfigError: invalid config value seed=-1" in md
     on_disk = pd.read_csv(res.out_dir / "runs.csv")
-    assert sorted(on_disk["status"]) == sorted(["completed"] * 4 + ["failed", "incomplete"] + ["missing"] * 3)
+    expected = ["completed"] * 4 + ["failed", "incomplete", "preempted"] + ["missing"] * 3
+    assert sorted(on_disk["status"]) == sorted(expected)
 
 
 def test_groups_vary_without_seed_and_grid_name(sweep_dir):
@@ -146,7 +151,7 @@ def test_malformed_sweep_dirs_fail_loudly(tmp_path, capsys):
     (run / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:15])
     assert load_sweep(tmp_path).runs[0].metrics.shape[0] == 2
     (run / "summary.json").write_text('{"status": "done"}')
-    with pytest.raises(SweepDirError, match="status completed\\|failed"):
+    with pytest.raises(SweepDirError, match="status completed\\|failed\\|preempted"):
         load_sweep(tmp_path)
 
 
