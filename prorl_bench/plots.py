@@ -2,7 +2,7 @@
 
 * ``curves.png``: reward and KL-to-reference per group over RL steps, one line per group (mean over
   seeds of a trailing rolling mean), band = ±1 s.d. over seeds, dashed/dotted verticals at reference
-  resets / topology growths (from ``events.jsonl``).
+  resets / topology growths (from ``events.jsonl``; group colour, dark grey when groups share a step).
 * ``stage_time.png``: mean wall time per RL step split by stage (ms), one stacked bar per group.
 * ``reference_cost.png``: reference forwards, tokens and milliseconds per RL step per group.
 
@@ -103,9 +103,12 @@ def plot_curves(sweep: Sweep, window: int = 5) -> plt.Figure:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     ev = events_frame(sweep)
-    for _, e in ev.iterrows():
+    # one vertical per (event, step): in its group's colour, dark grey when several groups share it
+    for (name, step), g in ev.groupby(["event", "step"]):
+        groups_here = set(g["group"])
+        color = pal.get(next(iter(groups_here)), "grey") if len(groups_here) == 1 else "0.3"
         for ax in axes:
-            ax.axvline(e["step"], color=pal.get(e["group"], "grey"), ls=MARKERS[e["event"]], lw=1, alpha=0.6)
+            ax.axvline(step, color=color, ls=MARKERS[name], lw=1, alpha=0.6)
     handles, labels = axes[0].get_legend_handles_labels()
     for name, ls in MARKERS.items():
         if name in set(ev["event"]):
