@@ -56,14 +56,24 @@ def main(overrides: list[str], repeats: int = 1) -> dict:
         order = [2, 1, 1, 2] * repeats
         for i, n_jobs in enumerate(order[: 2 * repeats]):
             sweep_dir = f"{tmp}/r{i}_n{n_jobs}"
-            t = timed(["-m", GRID, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={sweep_dir}",
-                       "~hydra.callbacks.aggregate", *overrides])
+            t = timed(
+                [
+                    "-m",
+                    GRID,
+                    f"hydra.launcher.n_jobs={n_jobs}",
+                    f"hydra.sweep.dir={sweep_dir}",
+                    "~hydra.callbacks.aggregate",
+                    *overrides,
+                ]
+            )
             n_runs = sum(1 for _ in Path(sweep_dir).glob("*/summary.json"))
             walls[n_jobs].append(t["wall_s"])
             samples.append({"n_jobs": n_jobs, **t})
-            print(f"n_jobs={n_jobs}: {t['wall_s']:.1f} s wall for {n_runs} runs, {t['cpu_s'] / t['wall_s']:.2f} cores "
-                  f"busy with the sweep, {t['others_cpu_s'] / t['wall_s']:.2f} cores used by other processes",
-                  flush=True)
+            print(
+                f"n_jobs={n_jobs}: {t['wall_s']:.1f} s wall for {n_runs} runs, {t['cpu_s'] / t['wall_s']:.2f} cores "
+                f"busy with the sweep, {t['others_cpu_s'] / t['wall_s']:.2f} cores used by other processes",
+                flush=True,
+            )
     med = {n: statistics.median(w) for n, w in walls.items()}
     result = {
         "grid": GRID,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             if i == len(lines) - 1:
+                warnings.warn(f"{path}: dropped a torn last line ({len(line)} chars): {line[:60]!r}", stacklevel=2)
                 break
             raise
     return rows

@@ -54,8 +54,13 @@ def curves_frame(sweep: Sweep, window: int = 5) -> pd.DataFrame:
 def events_frame(sweep: Sweep) -> pd.DataFrame:
     """Long table of reset / growth events: group, seed, step, event, reason."""
     rows = [
-        {"group": group_label(sweep, r), "seed": r.seed, "step": float(e["step"]), "event": e["event"],
-         "reason": e.get("reason", "")}
+        {
+            "group": group_label(sweep, r),
+            "seed": r.seed,
+            "step": float(e["step"]),
+            "event": e["event"],
+            "reason": e.get("reason", ""),
+        }
         for r in sweep.runs
         for e in r.events
         if e.get("event") in MARKERS and "step" in e
@@ -95,11 +100,20 @@ def plot_curves(sweep: Sweep, window: int = 5) -> plt.Figure:
         if not data.empty:
             order = [g for g in groups if g in set(data.group)]
             # style per group too: variants with identical trajectories (A0/A1/A2) stay visible
-            sns.lineplot(data=data, x="step", y=col, hue="group", hue_order=order, style="group",
-                         style_order=order, palette=pal, errorbar="sd", ax=ax)
+            sns.lineplot(
+                data=data,
+                x="step",
+                y=col,
+                hue="group",
+                hue_order=order,
+                style="group",
+                style_order=order,
+                palette=pal,
+                errorbar="sd",
+                ax=ax,
+            )
         else:
-            ax.text(0.5, 0.5, "no reference KL in these runs (variant B has none)", ha="center",
-                    transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no reference KL in these runs (variant B has none)", ha="center", transform=ax.transAxes)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     ev = events_frame(sweep)
@@ -157,8 +171,17 @@ def plot_reference_cost(runs: pd.DataFrame) -> plt.Figure:
     groups = list(dict.fromkeys(data["group"]))
     fig, axes = plt.subplots(1, 3, figsize=(12, 1.6 + 0.5 * max(1, len(groups))), constrained_layout=True)
     for ax, (col, label) in zip(axes, panels):
-        sns.barplot(data=data, y="group", x=col, hue="group", order=groups, palette=_palette(groups),
-                    errorbar="sd", legend=False, ax=ax)
+        sns.barplot(
+            data=data,
+            y="group",
+            x=col,
+            hue="group",
+            order=groups,
+            palette=_palette(groups),
+            errorbar="sd",
+            legend=False,
+            ax=ax,
+        )
         for container in ax.containers:
             ax.bar_label(container, fmt="%.3g", fontsize=8, padding=2)
         ax.set_xlabel(label)

@@ -43,8 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rc == 0:
         return 0  # the callback already printed the table and wrote the figures
     if sweep_dir is None:
-        print(f"prorl-bench-sweep: the multirun failed before starting (exit {rc}); nothing to aggregate",
-              file=sys.stderr)
+        print(
+            f"prorl-bench-sweep: the multirun failed before starting (exit {rc}); nothing to aggregate", file=sys.stderr
+        )
         return rc
     print(f"prorl-bench-sweep: some jobs failed (exit {rc}); aggregating {sweep_dir}", file=sys.stderr)
     try:

@@ -32,8 +32,14 @@ def write_run(
     return run
 
 
-def metric_rows(rewards: list[float], step_time: float = 0.1, ref_time: float = 0.02, kl: float | None = 0.5,
-                ref_fwd: int = 1, ref_tokens: int = 100) -> list[dict[str, Any]]:
+def metric_rows(
+    rewards: list[float],
+    step_time: float = 0.1,
+    ref_time: float = 0.02,
+    kl: float | None = 0.5,
+    ref_fwd: int = 1,
+    ref_tokens: int = 100,
+) -> list[dict[str, Any]]:
     """metrics.jsonl rows, steps 1..n, success_rate = reward/mean, constant timers and counters."""
     return [
         {

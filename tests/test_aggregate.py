@@ -31,14 +31,24 @@ def sweep_dir(tmp_path):
             validation=[{"step": 5, "val/success_sampled": 0.0}, {"step": 10, "val/success_sampled": r + 0.1}],
             summary={"status": "completed", "error": None, "wall_time_s": 3.0 + seed},
         )
-    write_run(d, ["variant=B", "seed=0", "+sweep=ablation", "steps=10"],
-              metrics=metric_rows([0.3] * 10, kl=None, ref_fwd=0, ref_tokens=0, ref_time=0.0),
-              summary={"status": "completed", "error": None})
-    write_run(d, ["variant=B", "seed=1", "+sweep=ablation", "steps=10"],
-              summary={"status": "failed", "error": "ConfigError: invalid config value seed=-1\ntraceback..."})
+    write_run(
+        d,
+        ["variant=B", "seed=0", "+sweep=ablation", "steps=10"],
+        metrics=metric_rows([0.3] * 10, kl=None, ref_fwd=0, ref_tokens=0, ref_time=0.0),
+        summary={"status": "completed", "error": None},
+    )
+    write_run(
+        d,
+        ["variant=B", "seed=1", "+sweep=ablation", "steps=10"],
+        summary={"status": "failed", "error": "ConfigError: invalid config value seed=-1\ntraceback..."},
+    )
     write_run(d, ["variant=B", "seed=2", "+sweep=ablation", "steps=10"], metrics=metric_rows([0.9] * 3))
-    write_run(d, ["variant=B", "seed=3", "+sweep=ablation", "steps=10"], metrics=metric_rows([0.9] * 4),
-              summary={"status": "preempted", "error": None, "steps_completed": 4})
+    write_run(
+        d,
+        ["variant=B", "seed=3", "+sweep=ablation", "steps=10"],
+        metrics=metric_rows([0.9] * 4),
+        summary={"status": "preempted", "error": None, "steps_completed": 4},
+    )
     return d
 
 
@@ -102,8 +112,12 @@ def test_groups_vary_without_seed_and_grid_name(sweep_dir):
 def test_several_varied_keys_make_readable_labels(tmp_path):
     for kl in ("k2", "k3"):
         for beta in ("0.01", "0.1"):
-            write_run(tmp_path, [f"kl_estimator={kl}", f"algo.beta={beta}", "seed=0"], metrics=metric_rows([0.5] * 4),
-                      summary={"status": "completed"})
+            write_run(
+                tmp_path,
+                [f"kl_estimator={kl}", f"algo.beta={beta}", "seed=0"],
+                metrics=metric_rows([0.5] * 4),
+                summary={"status": "completed"},
+            )
     res = agg.aggregate(tmp_path, figures=False)
     assert set(res.groups["group"]) == {f"kl_estimator={k}, beta={b}" for k in ("k2", "k3") for b in ("0.01", "0.1")}
     assert list(res.groups.columns[:3]) == ["group", "kl_estimator", "algo.beta"]
@@ -111,12 +125,24 @@ def test_several_varied_keys_make_readable_labels(tmp_path):
 
 def test_resets_growth_and_reported_recovery(tmp_path):
     rewards = [0.8] * 4 + [0.2, 0.5, 0.9, 0.9]
-    events = [{"step": 0, "event": "start", "reason": "run"}, {"step": 4, "event": "reset", "reason": "periodic"},
-              {"step": 6, "event": "growth", "reason": "schedule"}]
-    write_run(tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events,
-              summary={"status": "completed", "recovery/mean_steps": 2.5, "recovery/unrecovered": 0})
-    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows(rewards),
-              summary={"status": "completed", "recovery/mean_steps": None, "recovery/unrecovered": 3})
+    events = [
+        {"step": 0, "event": "start", "reason": "run"},
+        {"step": 4, "event": "reset", "reason": "periodic"},
+        {"step": 6, "event": "growth", "reason": "schedule"},
+    ]
+    write_run(
+        tmp_path,
+        ["variant=C", "seed=0"],
+        metrics=metric_rows(rewards),
+        events=events,
+        summary={"status": "completed", "recovery/mean_steps": 2.5, "recovery/unrecovered": 0},
+    )
+    write_run(
+        tmp_path,
+        ["variant=A1", "seed=0"],
+        metrics=metric_rows(rewards),
+        summary={"status": "completed", "recovery/mean_steps": None, "recovery/unrecovered": 3},
+    )
     res = agg.aggregate(tmp_path, window=1, figures=False)
     c, a1 = _group(res, "C"), _group(res, "A1")
     assert c["n_resets_mean"] == 1 and c["n_growths_mean"] == 1
@@ -147,9 +173,10 @@ def test_malformed_sweep_dirs_fail_loudly(tmp_path, capsys):
         load_sweep(tmp_path)
     assert agg.main([str(tmp_path)]) == 2
     assert "malformed JSONL" in capsys.readouterr().err
-    # a torn *last* line (a job killed mid-write) is tolerated
+    # a torn *last* line (a job killed mid-write) is tolerated, and said so
     (run / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:15])
-    assert load_sweep(tmp_path).runs[0].metrics.shape[0] == 2
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert load_sweep(tmp_path).runs[0].metrics.shape[0] == 2
     (run / "summary.json").write_text('{"status": "done"}')
     with pytest.raises(SweepDirError, match="status completed\\|failed\\|preempted"):
         load_sweep(tmp_path)

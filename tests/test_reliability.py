@@ -148,3 +148,38 @@ def test_nan_config_values_are_rejected():
         make_config(["algo.beta=inf"])
     with pytest.raises(ConfigError, match="algo.lr"):
         make_config(["algo.lr=nan"])
+
+
+def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path, base_cache, monkeypatch):
+    """A NaN mid-run: the run stops with stage and tensor named, summary.json says failed (as the
+    app writes it), and the aggregator lists it as failed beside the completed run."""
+    import prorl_bench.trainer as trainer
+    from prorl_bench.aggregate import run_table
+    from prorl_bench.app import failed_summary
+    from prorl_bench.guards import NonFiniteError
+    from prorl_bench.outputs import write_summary
+    from prorl_bench.sweepdir import load_sweep
+
+    sweep = tmp_path / "sweep"
+    for seed in (0, 1):
+        d = sweep / f"seed={seed},variant=A1"
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "overrides.yaml").write_text(f"- seed={seed}\n- variant=A1\n")
+    trainer.train(make_config(FAST + ["seed=0"]), sweep / "seed=0,variant=A1", base_cache)
+    real = trainer.clipped_surrogate
+    calls = {"n": 0}
+
+    def nan_at_step_3(*a, **k):
+        calls["n"] += 1
+        loss, clipped = real(*a, **k)
+        return (loss * float("nan") if calls["n"] > 8 else loss), clipped  # 4 minibatches per step
+
+    monkeypatch.setattr(trainer, "clipped_surrogate", nan_at_step_3)
+    failed_dir = sweep / "seed=1,variant=A1"
+    with pytest.raises(NonFiniteError, match="'loss/total' at step 3, stage 'update'") as info:
+        trainer.train(make_config(FAST + ["seed=1"]), failed_dir, base_cache)
+    write_summary(failed_dir, failed_summary(info.value))
+    runs = run_table(load_sweep(sweep)).set_index("seed")
+    assert runs.loc["0", "status"] == "completed"
+    assert runs.loc["1", "status"] == "failed" and "loss/total" in runs.loc["1", "error"]
+    assert len(read_jsonl(failed_dir / "metrics.jsonl")) == 2  # the steps before the NaN, nothing after

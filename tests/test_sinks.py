@@ -14,8 +14,14 @@ from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.searchpath import CONF_DIR
 
 register_configs()
-TINY = ["steps=3", "eval_every=3", "algo.prompts_per_step=4", "algo.group_size=4", "warmup.target_success=0.05",
-        "task.val_size=16"]
+TINY = [
+    "steps=3",
+    "eval_every=3",
+    "algo.prompts_per_step=4",
+    "algo.group_size=4",
+    "warmup.target_success=0.05",
+    "task.val_size=16",
+]
 
 
 def _config(overrides: list[str]):

@@ -46,8 +46,18 @@ def failing_sweep(tmp_path_factory, sweep_cache):
     """prorl-bench-sweep on 3 jobs in parallel (2 joblib workers); variant=B rejects k1's reward placement."""
     tmp = tmp_path_factory.mktemp("failing_sweep")
     sweep_dir = tmp / "sweep"
-    args = ["-m", "prorl_bench.sweep", "+sweep=ablation", "+arm=A1,A2,B", "kl_estimator=k1", "seed=0",
-            f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
+    args = [
+        "-m",
+        "prorl_bench.sweep",
+        "+sweep=ablation",
+        "+arm=A1,A2,B",
+        "kl_estimator=k1",
+        "seed=0",
+        f"hydra.sweep.dir={sweep_dir}",
+        "hydra.launcher.n_jobs=2",
+        f"warmup.cache_dir={sweep_cache}",
+        *TINY,
+    ]
     return _run(args, cwd=tmp), sweep_dir
 
 
@@ -83,12 +93,34 @@ def test_parallel_jobs_keep_the_a1_a2_invariant(failing_sweep):
 def test_jobs_are_isolated_in_a_reused_process(tmp_path, sweep_cache):
     """n_jobs=1: joblib runs seed=1 then seed=0 in one process; seed 0 must equal a fresh single run."""
     common = [f"warmup.cache_dir={sweep_cache}", *TINY]
-    multi = _run(["-m", "prorl_bench.app", "-m", "+sweep=ablation", "+arm=A1", "seed=1,0",
-                  "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'multi'}",
-                  "~hydra.callbacks.aggregate", *common], cwd=tmp_path)
+    multi = _run(
+        [
+            "-m",
+            "prorl_bench.app",
+            "-m",
+            "+sweep=ablation",
+            "+arm=A1",
+            "seed=1,0",
+            "hydra.launcher.n_jobs=1",
+            f"hydra.sweep.dir={tmp_path / 'multi'}",
+            "~hydra.callbacks.aggregate",
+            *common,
+        ],
+        cwd=tmp_path,
+    )
     assert multi.returncode == 0, multi.stderr[-3000:]
-    single = _run(["-m", "prorl_bench.app", "seed=0", "hardware.torch_threads=1", "progress=false",
-                   f"hydra.run.dir={tmp_path / 'single'}", *common], cwd=tmp_path)
+    single = _run(
+        [
+            "-m",
+            "prorl_bench.app",
+            "seed=0",
+            "hardware.torch_threads=1",
+            "progress=false",
+            f"hydra.run.dir={tmp_path / 'single'}",
+            *common,
+        ],
+        cwd=tmp_path,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     (second,) = [p for p in (tmp_path / "multi").iterdir() if "seed=0" in p.name]
     assert _curves(second) == _curves(tmp_path / "single")
@@ -97,9 +129,22 @@ def test_jobs_are_isolated_in_a_reused_process(tmp_path, sweep_cache):
 @pytest.mark.slow
 def test_submitit_local_runs_a_grid_end_to_end(tmp_path, sweep_cache):
     sweep_dir = tmp_path / "sweep"
-    proc = _run(["-m", "prorl_bench.app", "-m", "hydra/launcher=submitit_local", "variant=A1,B", "seed=0",
-                 "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep_dir}",
-                 f"warmup.cache_dir={sweep_cache}", *TINY], cwd=tmp_path, timeout=400)
+    proc = _run(
+        [
+            "-m",
+            "prorl_bench.app",
+            "-m",
+            "hydra/launcher=submitit_local",
+            "variant=A1,B",
+            "seed=0",
+            "hydra.launcher.timeout_min=10",
+            f"hydra.sweep.dir={sweep_dir}",
+            f"warmup.cache_dir={sweep_cache}",
+            *TINY,
+        ],
+        cwd=tmp_path,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| A1 | 1/1 ok |" in proc.stdout and "| B | 1/1 ok |" in proc.stdout  # on_multirun_end ran
     assert (sweep_dir / ".submitit").is_dir()  # the submitit path, not joblib
@@ -116,8 +161,9 @@ def test_analysis_notebook_executes_headless(failing_sweep):
     nb = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
     os.environ["PRORL_SWEEP_DIR"] = str(sweep_dir)
     try:
-        nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        nbclient.NotebookClient(
+            nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}
+        ).execute()
     finally:
         del os.environ["PRORL_SWEEP_DIR"]
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
