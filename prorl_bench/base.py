@@ -31,7 +31,7 @@ from prorl_bench.model import TransformerPolicy
 from prorl_bench.rollout import Rollout, token_logprobs
 from prorl_bench.tasks import CharTokenizer, Problem, Task
 
-BASE_FORMAT = 1  # bump when the warm-up procedure changes, so old caches are not reused
+BASE_FORMAT = 2  # bump when the warm-up procedure changes, so old caches are not reused
 
 
 class WarmupFailed(RuntimeError):
@@ -141,7 +141,14 @@ def load_or_train_base(
             blob = torch.load(path, map_location="cpu", weights_only=True)
             info = {**blob["info"], "cached": True}
         else:
-            state, info = train_base(cfg, task, tok, device, make_policy)
+            # One thread, whoever trains it (a single run uses all cores, a sweep job one): float
+            # reductions depend on the thread count, and the base must not depend on who came first.
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                state, info = train_base(cfg, task, tok, device, make_policy)
+            finally:
+                torch.set_num_threads(threads)
             blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg, extra_key))}
             tmp = path.with_name(path.name + ".tmp")
             torch.save(blob, tmp)
