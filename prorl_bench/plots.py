@@ -18,18 +18,11 @@ import pandas as pd
 import seaborn as sns
 
 from prorl_bench import stats
+from prorl_bench.accounting import STAGES as ACCOUNTING_STAGES
 from prorl_bench.aggregate import group_label
 from prorl_bench.sweepdir import Sweep
 
-STAGES = [
-    "time/rollout",
-    "time/reward",
-    "time/old_logprob",
-    "time/ref_logprob",
-    "time/update",
-    "time/reset",
-    "time/growth",
-]
+STAGES = [f"time/{stage}" for stage in ACCOUNTING_STAGES]
 MARKERS = {"reset": "--", "growth": ":"}
 DPI = 130
 

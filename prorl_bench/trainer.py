@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench.accounting import StepAccounting, measured_matmul_peak
+from prorl_bench.accounting import COUNTERS, STAGES, StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
 from prorl_bench.checkpoint import config_dict, load_latest, restore_rng, rng_state, save_checkpoint, truncate_logs
 from prorl_bench.config import (
@@ -502,21 +502,7 @@ def summarize(
 
     totals = {
         key: sum(r[key] for r in history)
-        for key in (
-            "count/policy_fwd",
-            "count/ref_fwd",
-            "tokens/policy_fwd",
-            "tokens/ref_fwd",
-            "time/rollout",
-            "time/reward",
-            "time/old_logprob",
-            "time/ref_logprob",
-            "time/update",
-            "time/reset",
-            "time/growth",
-            "time/step",
-            "perf/flops",
-        )
+        for key in (*COUNTERS, *(f"time/{s}" for s in STAGES), "time/step", "perf/flops")
     }
     step_time = totals["time/step"]
     return {

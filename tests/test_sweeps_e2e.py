@@ -14,14 +14,8 @@ import pytest
 
 from prorl_bench.searchpath import ROOT
 
-TINY = [
-    "steps=6",
-    "eval_every=3",
-    "algo.prompts_per_step=4",
-    "algo.group_size=4",
-    "warmup.target_success=0.05",
-    "task.val_size=16",
-]
+from .conftest import FAST as TINY
+
 CURVE_KEYS = ("reward/mean", "loss/total", "loss/pg", "kl/old", "grad_norm")
 
 
