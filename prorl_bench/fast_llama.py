@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from prorl_bench.lora import matmul_params
 from prorl_bench.model import KVCache
 
 SUPPORTED = {"llama", "mistral", "qwen2"}
@@ -193,7 +194,7 @@ class FastLlamaPolicy(nn.Module):
 
     # -- accounting
     def matmul_params(self) -> int:
-        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return matmul_params(self)
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs per token: 2 per matmul weight + attention scores/values at ``context``."""

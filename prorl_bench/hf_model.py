@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from prorl_bench.config import ConfigError, HFImpl, ModelConfig
+from prorl_bench.lora import matmul_params
 
 
 def _require_transformers():
@@ -158,7 +159,7 @@ class HFCausalLMPolicy(nn.Module):
 
     def matmul_params(self) -> int:
         """Weights that take part in a matmul per token (linear layers incl. the LM head)."""
-        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return matmul_params(self)
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs per token: 2 per matmul weight + attention scores/values at ``context``."""

@@ -19,6 +19,24 @@ import torch
 import torch.nn as nn
 
 
+def matmul_params(model: nn.Module) -> int:
+    """Weights that take part in a per-token matmul: every ``nn.Linear`` weight plus LoRA A and B.
+
+    Cached on the model (``flops_per_token`` asks on every forward pass); attaching or growing
+    adapters invalidates the cache.
+    """
+    n = model.__dict__.get("_matmul_params")
+    if n is None:
+        n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+        n += sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+        model.__dict__["_matmul_params"] = n
+    return n
+
+
+def _invalidate(model: nn.Module) -> None:
+    model.__dict__.pop("_matmul_params", None)
+
+
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int, alpha: float, freeze_base: bool) -> None:
         super().__init__()
@@ -79,6 +97,7 @@ def attach_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, f
                 wrapped += 1
     if wrapped == 0:
         raise ValueError(f"adapter.targets={targets} matched no nn.Linear layer of {type(model).__name__}")
+    _invalidate(model)
     if freeze_base:
         for pname, p in model.named_parameters():
             if "lora_" not in pname:
@@ -122,4 +141,6 @@ def grow_rank(models: list[nn.Module], new_rank: int, seed: int) -> list[list[Gr
             out[mi].append(GrownParam(layer.lora_A, a, (slice(0, r), slice(None))))
             out[mi].append(GrownParam(layer.lora_B, b, (slice(None), slice(0, r))))
             layer.lora_A, layer.lora_B = a, b
+    for m in models:
+        _invalidate(m)
     return out

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from prorl_bench.config import ModelConfig
+from prorl_bench.lora import matmul_params
 
 
 @dataclass
@@ -151,8 +152,7 @@ class TransformerPolicy(nn.Module):
     # -- accounting
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token (linear weights and LoRA A/B; not embeddings)."""
-        n = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return n + sum(p.numel() for name, p in self.named_parameters() if "lora_" in name)
+        return matmul_params(self)
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs per token: 2 per matmul weight plus attention scores/values at ``context``."""

@@ -425,10 +425,19 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
 
 
 def build_optimizer(policy: torch.nn.Module, a) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters (adapters only when the base is frozen)."""
+    """AdamW over the trainable parameters (adapters only when the base is frozen).
+
+    ``foreach=True``: the multi-tensor implementation also on CPU (torch picks it only on CUDA);
+    one fused loop over ~40 small tensors instead of a Python loop per tensor.
+    """
     params = [p for p in policy.parameters() if p.requires_grad]
     return torch.optim.AdamW(
-        params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=a.weight_decay
+        params,
+        lr=a.lr,
+        betas=(a.adam_beta1, a.adam_beta2),
+        eps=a.adam_eps,
+        weight_decay=a.weight_decay,
+        foreach=True,
     )
 
 
