@@ -58,6 +58,8 @@ def run(cfg: DictConfig) -> float:
         summary = train(conf, run_dir, cache, threads=threads, progress=conf.progress and not multirun)
     except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
         print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)
+        if multirun:
+            raise  # a job error, not a process exit: the other jobs of the sweep go on
         raise SystemExit(EXIT_PREEMPTED) from None
     except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
         write_summary(run_dir, failed_summary(e))
