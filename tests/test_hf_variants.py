@@ -106,14 +106,11 @@ RESETS = [
 ]
 
 
-@pytest.mark.parametrize("overrides", RESETS, ids=lambda o: ",".join(o))
-def test_every_reset_option_runs_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
-    from .conftest import make_config
-
-    base = [
-        "variant=C",
+def _hf_small(model_dir) -> list[str]:
+    """A 4-step run of the tiny local HF model on short inputs."""
+    return [
         "model=hf_causal_lm",
-        f"model.path={tiny_hf_dir}",
+        f"model.path={model_dir}",
         "steps=4",
         "progress=false",
         "algo.prompts_per_step=2",
@@ -122,6 +119,13 @@ def test_every_reset_option_runs_on_the_hf_model(overrides, tiny_hf_dir, tmp_pat
         "task.max_len=3",
         "task.val_size=4",
     ]
+
+
+@pytest.mark.parametrize("overrides", RESETS, ids=lambda o: ",".join(o))
+def test_every_reset_option_runs_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
+    from .conftest import make_config
+
+    base = ["variant=C", *_hf_small(tiny_hf_dir)]
     cfg = make_config(base + overrides)
     summary = train(cfg, tmp_path / "run", tmp_path / "cache")
     assert summary["status"] == "completed" and summary["steps_completed"] == 4
@@ -141,17 +145,7 @@ def test_every_reset_option_runs_on_the_hf_model(overrides, tiny_hf_dir, tmp_pat
 def test_lora_and_growth_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
     from .conftest import make_config
 
-    base = [
-        "model=hf_causal_lm",
-        f"model.path={tiny_hf_dir}",
-        "steps=4",
-        "progress=false",
-        "algo.prompts_per_step=2",
-        "algo.group_size=4",
-        "task.min_len=2",
-        "task.max_len=3",
-        "task.val_size=4",
-    ]
+    base = _hf_small(tiny_hf_dir)
     summary = train(make_config(base + overrides), tmp_path / "run", tmp_path / "cache")
     assert summary["status"] == "completed"
     rows = _rows(tmp_path / "run")
