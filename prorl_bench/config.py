@@ -121,6 +121,12 @@ class AdapterKind(str, Enum):
     lora = "lora"
 
 
+class AdapterReferenceKind(str, Enum):
+    auto = "auto"  # adapters when the base is frozen, else copy
+    copy = "copy"  # a frozen deep copy of the whole policy
+    adapters = "adapters"  # the policy's frozen base + the reference's own adapter weights (no copy)
+
+
 class GrowthKind(str, Enum):
     none = "none"
     rank = "rank"
@@ -445,8 +451,18 @@ class AdapterConfig:
     alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
     targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
     freeze_base: bool = True
+    # How the reference model is held (variants with a reference): ``adapters`` shares the frozen
+    # base with the policy and keeps only a copy of the adapter weights (TRL disables a PEFT
+    # adapter for the same purpose); trajectories equal the deep copy's bit for bit (tested).
+    reference: AdapterReferenceKind = AdapterReferenceKind.auto
 
     def __post_init__(self) -> None:
+        _require(
+            not (self.reference == AdapterReferenceKind.adapters and not self.freeze_base),
+            "adapter.reference",
+            self.reference.value,
+            "copy or auto when adapter.freeze_base=false (the base trains, so the reference needs its own copy)",
+        )
         _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
         _require(self.alpha > 0, "adapter.alpha", self.alpha, "> 0")
         _require(len(self.targets) > 0, "adapter.targets", self.targets, "a non-empty list of layer names")

@@ -95,7 +95,11 @@ def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float 
     """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter (alpha=1: a copy).
 
     Buffers are copied. Parameter names and shapes must match exactly (fails loudly otherwise).
+    A reference that is not a copy of the policy (``reference.AdapterReference``) resets itself.
     """
+    if hasattr(ref, "reset_from"):
+        ref.reset_from(policy, alpha)
+        return
     ref_params = dict(ref.named_parameters())
     pol_params = dict(policy.named_parameters())
     if ref_params.keys() != pol_params.keys():
@@ -105,7 +109,9 @@ def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float 
         r = ref_params[name]
         if r.shape != p.shape:
             raise ValueError(f"reference parameter {name} has shape {tuple(r.shape)}, policy {tuple(p.shape)}")
-        if alpha == 1.0:
+        if alpha == 1.0 or not p.requires_grad:
+            # a frozen parameter equals its reference copy: mixing would only add rounding
+            # (0.4 w + 0.6 w != w in floats), so the frozen base is copied exactly
             r.copy_(p)
         else:
             r.mul_(1.0 - alpha).add_(p, alpha=alpha)

@@ -22,6 +22,7 @@ from prorl_bench.advantages import compute_advantages, informative_groups
 from prorl_bench.checkpoint import config_dict, load_latest, restore_rng, rng_state, save_checkpoint, truncate_logs
 from prorl_bench.config import (
     AdapterKind,
+    AdapterReferenceKind,
     Config,
     ConfigError,
     Device,
@@ -106,6 +107,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         max_batch=batch_size,
         max_len=task.max_completion_len,
         device=device,
+        adapter_reference=uses_adapter_reference(cfg),
     )
     optimizer = build_optimizer(policy, a)
     schedule = LRSchedule(a.lr, a.lr_warmup_steps)
@@ -422,6 +424,14 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
         "next_lr": schedule.lr(step + 1),
         "beta_after": kl_ctl.value,
     }
+
+
+def uses_adapter_reference(cfg: Config) -> bool:
+    """True when the reference is the frozen base + its own adapters (no deep copy of the policy)."""
+    d = cfg.adapter
+    if d.kind != AdapterKind.lora:
+        return False
+    return d.reference == AdapterReferenceKind.adapters or (d.reference == AdapterReferenceKind.auto and d.freeze_base)
 
 
 def build_optimizer(policy: torch.nn.Module, a) -> torch.optim.AdamW:
