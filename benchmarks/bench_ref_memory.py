@@ -23,13 +23,11 @@ KINDS = ("copy", "adapters")
 
 def one(args) -> None:
     import torch
-
-    from prorl_bench.config import to_config
-    from prorl_bench.trainer import train
-
     from hydra import compose, initialize_config_dir
 
     from prorl_bench.app import CONF_DIR
+    from prorl_bench.config import to_config
+    from prorl_bench.trainer import train
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(

@@ -78,11 +78,14 @@ class AdvantageName(str, Enum):
     grpo = "grpo"
     rloo = "rloo"
     reinforce_pp_baseline = "reinforce_pp_baseline"
+    dr_grpo = "dr_grpo"  # Dr. GRPO: R - mean_g, no std scaling (Liu et al. 2025)
 
 
 class LossAgg(str, Enum):
     token = "token"  # mean over all response tokens of the minibatch
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
+    seq_mean_token_sum = "seq_mean_token_sum"  # verl: sum over a sequence's tokens, mean over sequences
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
 
 
 class ResetTrigger(str, Enum):
@@ -320,8 +323,14 @@ class AlgoConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     lr_warmup_steps: int = 0  # linear LR warm-up at the start (and after a hard reset)
     adv_eps: float = 1e-6  # added to std in group/batch normalisation
+    # verl's dual-clip PPO (Ye et al. 2020, "Mastering complex control in MOBA games"): for A < 0
+    # the per-token loss is capped at clip_ratio_c * |A|, so one token with a huge ratio cannot
+    # dominate the update. null disables it; verl's default when enabled is 3.0.
+    clip_ratio_c: float | None = None
 
     def __post_init__(self) -> None:
+        if self.clip_ratio_c is not None:
+            _require(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1 (or null to disable)")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
         _require(
             self.group_size >= 2,

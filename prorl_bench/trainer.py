@@ -41,7 +41,7 @@ from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.kl_control import KLController
 from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
-from prorl_bench.losses import aggregate, clipped_surrogate
+from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import build_reference
@@ -226,6 +226,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
         }
         n_mb = 0
+        diag_agg = diagnostic_agg(a.loss_agg)
         ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
         params_before = [p.detach().clone() for p in policy.parameters()]
         with acct.stage("update"), autocast:
@@ -241,7 +242,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     if epoch == 0 and logp_ref is not None:
                         ref_rows[idx] = logp_ref
                     pg_tok, clipped = clipped_surrogate(
-                        logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp
+                        logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp, a.clip_ratio_c
                     )
                     pg = aggregate(pg_tok, mb_mask, a.loss_agg)
                     kl_loss = torch.zeros((), device=device)
@@ -269,9 +270,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                         ("loss/pg", pg),
                         ("loss/kl", kl_loss),
                         ("entropy", ent),
-                        ("clip_frac", aggregate(clipped.float(), mb_mask, a.loss_agg)),
+                        ("clip_frac", aggregate(clipped.float(), mb_mask, diagnostic_agg(a.loss_agg))),
                         ("grad_norm", grad_norm),
-                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, a.loss_agg)),
+                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, diag_agg)),
                     ):
                         sums[key] = sums[key] + val.detach()
 
@@ -495,7 +496,7 @@ def _reference_kl(
         return {"kl/ref": float("nan"), "kl/ref_k1": float("nan"), "kl/k2_ref_over_old": float("nan")}
     k = cfg.kl_estimator
     lo, lr, m = logp_old[rows], logp_ref[rows], mask[rows]
-    agg = cfg.algo.loss_agg
+    agg = diagnostic_agg(cfg.algo.loss_agg)
     return {
         "kl/ref": float(aggregate(kl_per_token(k.name, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
         "kl/ref_k1": float(aggregate(kl_per_token(KLName.k1, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),

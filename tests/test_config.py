@@ -54,7 +54,7 @@ def test_enum_value_lists_allowed_values():
     with pytest.raises((ConfigCompositionException, ValidationError)) as info:
         compose_cfg(["algo.advantage=foo"])
     message = f"{info.value} {info.value.__cause__}"
-    assert "algo.advantage" in message and "[grpo, rloo, reinforce_pp_baseline]" in message
+    assert "algo.advantage" in message and "[grpo, rloo, reinforce_pp_baseline, dr_grpo]" in message
 
 
 @pytest.mark.parametrize(
