@@ -160,6 +160,9 @@ class HFImpl(str, Enum):
 class PromptStyle(str, Enum):
     compact = "compact"  # short prompt built from the generator's metadata (fits a char-level policy)
     question = "question"  # the generator's full natural-language question
+    # the full question plus an answer-format instruction, rendered through the HF tokenizer's chat
+    # template; the answer is extracted from <answer></answer> tags / "Answer:" / the last number
+    chat = "chat"
 
 
 class Device(str, Enum):
@@ -192,8 +195,18 @@ class ReasoningGymConfig:
     train_seed: int = 1
     val_seed: int = 2
     dataset_size: int = 100_000  # virtual size of the training dataset (indices drawn from it)
+    # Completion budget in tokens (TRL: max_completion_length); null = max_answer_chars + 1 (the
+    # answer and EOS, enough when the policy answers directly). A model that reasons first (chat) needs more.
+    max_completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_completion_tokens is not None:
+            _require(
+                self.max_completion_tokens >= 2,
+                "task.reasoning_gym.max_completion_tokens",
+                self.max_completion_tokens,
+                ">= 2 (or null: max_answer_chars + 1)",
+            )
         _require(len(self.generators) >= 1, "task.reasoning_gym.generators", self.generators, "a non-empty list")
         unknown = set(self.generator_args) - set(self.generators)
         _require(not unknown, "task.reasoning_gym.generator_args", sorted(unknown), f"keys among {self.generators}")
@@ -654,6 +667,14 @@ class Config:
                 "growth.grow_every",
                 self.growth.grow_every,
                 "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
+            )
+        if self.task.name == TaskName.reasoning_gym:
+            _require(
+                self.task.reasoning_gym.prompt_style != PromptStyle.chat or self.model.kind != ModelKind.native,
+                "task.reasoning_gym.prompt_style",
+                "chat",
+                "compact or question with the native character-level policy (chat templates are an HF "
+                "tokenizer's: use model=hf_causal_lm)",
             )
         if self.model.kind != ModelKind.native:
             return  # an HF model's context length is checked against its own config when loaded
