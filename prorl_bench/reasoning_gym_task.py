@@ -77,10 +77,18 @@ _ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def extract_answer(completion: str, numeric: bool = False) -> str:
+def extract_answer(
+    completion: str, numeric: bool = False, last_number: bool = False, strict: bool = False
+) -> str | None:
     """The final answer in a free-form completion: the last ``<answer>…</answer>``, else what follows
-    the last "Answer:" (first line), else — for numeric answers — the last number; else the whole
-    completion, stripped. Numbers lose thousands separators ("1,234" -> "1234")."""
+    the last "Answer:" (first line), else — with ``last_number`` and a numeric answer — the last number
+    in the text; else the whole completion, stripped (``strict``: None, i.e. no answer given).
+    Numbers lose thousands separators.
+
+    The task scores with ``strict=True``: reasoning-gym's gsm_symbolic verifier reads the *first*
+    number of whatever it is given, and on a random tiny model (10 steps, 16 held-out prompts) that
+    gave 6-19% held-out "success" from random characters — a reward a policy could farm.
+    """
     tags = _ANSWER_TAG.findall(completion)
     if tags:
         return tags[-1].strip()
@@ -88,11 +96,11 @@ def extract_answer(completion: str, numeric: bool = False) -> str:
     if lines:
         ans = lines[-1].strip().splitlines()[0].strip().rstrip(".")
         return ans.replace(",", "") if numeric else ans
-    if numeric:
+    if numeric and last_number:
         nums = _NUMBER.findall(completion.replace(",", ""))
         if nums:
             return nums[-1]
-    return completion.strip()
+    return None if strict else completion.strip()
 
 
 def _import_rg():
@@ -205,7 +213,11 @@ class ReasoningGymTask:
         if not isinstance(problem, RGProblem):
             raise TypeError(f"{self.name} scores RGProblem instances, got {type(problem).__name__}")
         if self.chat:
-            completion = extract_answer(completion, numeric=bool(_NUMBER.fullmatch(problem.target.strip())))
+            numeric = bool(_NUMBER.fullmatch(problem.target.strip()))
+            answer = extract_answer(completion, numeric=numeric, strict=True)
+            if answer is None:  # no <answer> tags and no "Answer:" line: no answer was given
+                return 0.0, False
+            completion = answer
         reward = float(self._scorer(problem.generator).score_answer(completion, problem.entry))
         return reward, reward >= 1.0
 

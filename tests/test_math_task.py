@@ -21,13 +21,19 @@ from prorl_bench.reasoning_gym_task import CHAT_INSTRUCTION, ReasoningGymTask, e
         ("<answer>1</answer> wait, no: <answer>7</answer>", True, "7"),  # the last tag counts
         ("so the total is 1,234 apples.\nAnswer: 1,234.", True, "1234"),
         ("The answer is: 42\nmore text", True, "42"),
-        ("first 5 then 10 then finally 288", True, "288"),  # numeric fallback: the last number
+        ("first 5 then 10 then finally 288", True, "first 5 then 10 then finally 288"),  # no format: as is
         ("olleh", False, "olleh"),  # nothing to extract: the completion itself
         ("no digits here", True, "no digits here"),
     ],
 )
 def test_extract_answer(completion, numeric, expected):
     assert extract_answer(completion, numeric=numeric) == expected
+
+
+def test_last_number_fallback_is_opt_in():
+    assert extract_answer("first 5 then 10 then finally 288", numeric=True, last_number=True) == "288"
+    assert extract_answer("no digits", numeric=True, last_number=True) == "no digits"
+    assert extract_answer("no format 12", numeric=True, strict=True) is None
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +58,8 @@ def test_gsm_task_scores_extracted_answers_with_the_package_verifier(gsm_task):
     assert gsm_task.score(f"I think it is {wrong}. Answer: {right}", p) == (1.0, True)
     assert gsm_task.score(f"<answer>{wrong}</answer>", p)[1] is False
     assert gsm_task.score("", p) == (0.0, False)
+    # the package's verifier reads the first number of anything; unformatted text gets no credit
+    assert gsm_task.score(f"{right} apples", p) == (0.0, False)
     assert gsm_task.max_completion_len == 256
 
 
