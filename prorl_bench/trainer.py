@@ -11,6 +11,7 @@ import math
 import random
 import signal
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,8 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row.update(acct.row(len(batch), n_gen, peak))
         out.metrics(row)
         history.append(row)
+        if step == NO_SIGNAL_STEPS:
+            _warn_if_no_signal(cfg, history, out)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -382,6 +385,29 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
     out.summary(summary)
     out.close()
     return summary
+
+
+NO_SIGNAL_STEPS = 10  # after this many steps of reward 0 on every sample, say so
+
+
+def _warn_if_no_signal(cfg: Config, history: list[dict[str, Any]], out) -> None:
+    """A policy that never earns reward gives GRPO no signal (every advantage is 0): the run would
+    finish "completed" having learned nothing. Say so once, on stderr and as an event."""
+    if any(r["reward/mean"] != 0.0 for r in history[:NO_SIGNAL_STEPS]):
+        return
+    from prorl_bench.policies import warmup_enabled
+
+    hint = (
+        "the supervised warm-up is off (warmup.enabled=true trains a base that sometimes succeeds)"
+        if not warmup_enabled(cfg)
+        else "try an easier task setting, a lower warmup.target_success threshold or a stronger checkpoint"
+    )
+    msg = (
+        f"reward was 0 on every sample of the first {NO_SIGNAL_STEPS} steps: the policy never succeeds, "
+        f"so every advantage is 0 and nothing is learned; {hint}"
+    )
+    warnings.warn(msg, stacklevel=2)
+    out.event(NO_SIGNAL_STEPS, "warning", "no_reward_signal", message=msg)
 
 
 def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk) -> dict[str, Any]:
