@@ -416,7 +416,7 @@ class ResetConfig:
 
 @dataclass
 class OptResetConfig:
-    """What a reset does to AdamW's state (S3). Every kind states its ``step`` policy explicitly.
+    """What a reset does to AdamW's state. Every kind states its ``step`` policy explicitly.
 
     ``rewarmup_steps`` > 0 ramps the LR linearly from lr/N back to lr over N steps after a reset.
     """

@@ -1,4 +1,4 @@
-"""Reference resets (S1): when to reset (triggers) and what a reset does to pi_ref.
+"""Reference resets: when to reset (triggers) and what a reset does to pi_ref.
 
 Triggers are small state machines fed one step at a time (``observe_step``) and one held-out
 evaluation at a time (``observe_validation``); ``due(step)`` returns the reason for a reset or None.

@@ -196,13 +196,13 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             reward_list, success_list = score(task, texts, problems)
             rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
 
-        # 3. old-policy logprobs (S2): a no-grad teacher-forced pass, recomputed every rollout
+        # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
         with acct.stage("old_logprob"), autocast:
             logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
             _count_policy_forward(acct, policy, batch, backward=False)
         finite = guard.ok(logp_old, step, "old_logprob", "logp_old")
 
-        # 4. reference logprobs (S4): A1/A2/C compute them here once; A0 later per minibatch; B never
+        # 4. reference logprobs (a per-rollout cache): A1/A2/C compute them here once; A0 later per minibatch; B never
         with acct.stage("ref_logprob"), autocast:
             ref.prepare(batch, acct)
 
@@ -301,7 +301,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             if growth is not None:
                 growth.observe_validation(v[cfg.reset.metric.value])
 
-        # 8. reference reset at the step boundary (variant C): S1 reference, S3 optimizer state
+        # 8. reference reset at the step boundary (variant C): the reference weights, then the optimizer state
         resets.observe_step(step, None if ref.model is None else row["kl/ref"])
         reason = resets.due(step) if ref.model is not None else None
         row["reset"] = int(reason is not None)
