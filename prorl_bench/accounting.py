@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth")
+STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth", "eval")
 COUNTERS = ("count/policy_fwd", "count/ref_fwd", "tokens/policy_fwd", "tokens/ref_fwd")
 
 

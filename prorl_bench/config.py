@@ -595,6 +595,31 @@ class TrackingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation (every ``eval_every`` steps, at the end, and of the base at step 0).
+
+    ``n_samples`` samples per held-out prompt give unbiased pass@k for every k in ``ks`` (Chen et al.
+    2021) and the per-prompt diversity; ``n_sample_prompts`` prompts are written with all their
+    samples to ``samples.jsonl``; ``batch`` sequences are generated per call (memory vs speed).
+    """
+
+    n_samples: int = 16
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    n_sample_prompts: int = 8
+    batch: int = 512
+    at_start: bool = True  # evaluate the base policy at step 0 (every run carries its own "before")
+
+    def __post_init__(self) -> None:
+        _require(self.n_samples >= 1, "eval.n_samples", self.n_samples, ">= 1")
+        _require(len(self.ks) >= 1, "eval.ks", self.ks, "a non-empty list")
+        bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
+        _require(not bad, "eval.ks", self.ks, f"values in [1, eval.n_samples={self.n_samples}]")
+        _require(len(set(self.ks)) == len(self.ks), "eval.ks", self.ks, "distinct values")
+        _require(self.n_sample_prompts >= 0, "eval.n_sample_prompts", self.n_sample_prompts, ">= 0")
+        _require(self.batch >= 1, "eval.batch", self.batch, ">= 1")
+
+
+@dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     variant: VariantConfig = field(default_factory=VariantConfig)
@@ -611,6 +636,7 @@ class Config:
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     steps: int = 150
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)

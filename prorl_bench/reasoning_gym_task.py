@@ -156,7 +156,7 @@ class ReasoningGymTask:
             return None
         if not (_PRINTABLE.match(prompt) and _PRINTABLE.match(answer)):
             return None
-        return RGProblem(prompt=prompt, target=answer, generator=name, entry=entry)
+        return RGProblem(prompt=prompt, target=answer, difficulty=name, generator=name, entry=entry)
 
     # -- problems
     def val_set(self) -> list[Problem]:

@@ -35,8 +35,9 @@ from prorl_bench.config import (
     LossAgg,
     OptResetKind,
     ResetTrigger,
+    VariantName,
 )
-from prorl_bench.evaluation import completions, evaluate, score
+from prorl_bench.evaluation import completions, score, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
@@ -45,7 +46,7 @@ from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.policies import build_tokenizer, load_base_policy
-from prorl_bench.reference import build_reference
+from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
 from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.schedule import LRSchedule
@@ -111,6 +112,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         adapter_reference=uses_adapter_reference(cfg),
     )
     optimizer = build_optimizer(policy, a)
+    base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
+    if cfg.variant.name == VariantName.C:
+        base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
     schedule = LRSchedule(a.lr, a.lr_warmup_steps)
     kl_ctl = KLController(a.beta, cfg.kl_ctl)
     resets = ResetSchedule(cfg.reset)
@@ -163,6 +167,23 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         )
     else:
         out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+
+    def run_validation(step: int) -> dict[str, Any]:
+        """Validate on the held-out set with a generator of its own (training RNG untouched)."""
+        vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+        e = cfg.eval
+        v, samples = validate(
+            policy, task, tok, val_problems, temperature=a.temperature, banned=banned, generator=vgen,
+            device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
+        )  # fmt: skip
+        v = {"step": step, **v}
+        out.validation(v)
+        out.samples(step, samples)
+        val_rows.append(v)
+        return v
+
+    if ckpt is None and cfg.eval.at_start:
+        run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
     preempt = PreemptionFlag()
     bar = _progress_bar(cfg.steps, start - 1) if progress else None
 
@@ -284,6 +305,10 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row["success_rate"] = sum(success_list) / len(success_list)
         row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
         row.update(_reference_kl(cfg, ref.model is not None, logp_old, ref_rows, mask, rows))
+        # KL to the initial base: the reference itself until a reset moves it (A0/A1/A2 never reset);
+        # after C's first reset it is measured at regular validation steps; B keeps no second model
+        reference_is_base = ref.model is not None and not any(r["reset"] for r in history)
+        row["kl/base"] = row["kl/ref"] if reference_is_base else float("nan")
         row["kl/beta"] = beta
         row["lr"] = optimizer.param_groups[0]["lr"]
         row["update_norm"] = _update_norm(params_before, policy)
@@ -291,12 +316,16 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row["ds/kept_frac"] = len(rows) / len(batch)
         row["guard/skipped"] = guard.skipped
 
-        # 7. held-out validation (feeds the stall trigger)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
-            v = {"step": step, **evaluate(policy, task, tok, val_problems, a.temperature, vgen, device)}
-            out.validation(v)
-            val_rows.append(v)
+        # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
+        # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
+        # finished run (steps 35 -> 60) would change its trajectory.
+        regular = step % cfg.eval_every == 0
+        if regular or step == cfg.steps:
+            with acct.stage("eval"):
+                v = run_validation(step)
+                if base_model is not None and regular and not reference_is_base:
+                    row["kl/base"] = _kl_to(cfg, base_model, policy, batch, logp_old, rows, banned, mb_size)
+        if regular:
             resets.observe_validation(v[cfg.reset.metric.value])
             if growth is not None:
                 growth.observe_validation(v[cfg.reset.metric.value])
@@ -408,6 +437,18 @@ def _warn_if_no_signal(cfg: Config, history: list[dict[str, Any]], out) -> None:
     )
     warnings.warn(msg, stacklevel=2)
     out.event(NO_SIGNAL_STEPS, "warning", "no_reward_signal", message=msg)
+
+
+@torch.no_grad()
+def _kl_to(cfg: Config, other: torch.nn.Module, policy, batch, logp_old, rows, banned, chunk) -> float:
+    """KL of the behaviour policy to ``other`` on this step's rollout: the configured estimator and
+    aggregation over the updated rows, as kl/ref is (NaN when no row was updated)."""
+    if len(rows) == 0:
+        return float("nan")
+    logp_other = chunked_logprobs(other, batch, cfg.algo.temperature, banned, chunk)
+    k = cfg.kl_estimator
+    kl_tok = kl_per_token(k.name, logp_old[rows], logp_other[rows], k.log_ratio_clamp, k.kl_clamp)
+    return float(aggregate(kl_tok, batch.completion_mask[rows], diagnostic_agg(cfg.algo.loss_agg)))
 
 
 def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk) -> dict[str, Any]:
