@@ -117,27 +117,3 @@ def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float 
             r.mul_(1.0 - alpha).add_(p, alpha=alpha)
     for b_ref, b_pol in zip(ref.buffers(), policy.buffers()):
         b_ref.copy_(b_pol)
-
-
-def recovery_steps(rewards: list[float], reset_steps: list[int], window: int = 5) -> list[int | None]:
-    """Steps after each reset until reward returns to its pre-reset level.
-
-    rewards[i] is the reward of step i+1. The pre-reset level is the mean reward over the ``window``
-    steps up to and including the reset step s; recovery is the first step t > s whose trailing
-    ``window``-step mean is >= that level, reported as t - s. None if it never recovers (censored).
-    """
-    out: list[int | None] = []
-    for s in reset_steps:
-        before = rewards[max(0, s - window) : s]
-        if not before:
-            out.append(None)
-            continue
-        level = sum(before) / len(before)
-        found = None
-        for t in range(s + 1, len(rewards) + 1):
-            trail = rewards[max(s, t - window) : t]  # only post-reset steps count
-            if sum(trail) / len(trail) >= level:
-                found = t - s
-                break
-        out.append(found)
-    return out

@@ -47,7 +47,7 @@ from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
-from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
+from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.sinks import open_writer
@@ -399,17 +399,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         bar.close()
     summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
     reset_at = [r["step"] for r in history if r["reset"]]
-    recov = recovery_steps([r["reward/mean"] for r in history], reset_at)
-    done = [x for x in recov if x is not None]
-    summary.update(
-        {
-            "resets": len(reset_at),
-            "reset_steps": reset_at,
-            "recovery/steps": recov,
-            "recovery/mean_steps": sum(done) / len(done) if done else None,
-            "recovery/unrecovered": len(recov) - len(done),
-        }
-    )
+    summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
     out.event(cfg.steps, "end", "completed")
     out.summary(summary)
     out.close()
@@ -614,6 +604,20 @@ def summarize(
         "perf/flops_per_s": totals["perf/flops"] / step_time,
         "base": base_info,
     }
+
+
+def memory_figures(reference: torch.nn.Module | None, device: torch.device) -> dict[str, float]:
+    """``mem/reference_mb``: bytes the reference model holds itself (0 for B; the adapter copies for
+    an adapter reference); ``mem/peak_rss_mb``: the process's peak resident memory (ru_maxrss — in a
+    sweep worker that ran several jobs, the peak of all of them); ``mem/cuda_max_allocated_mb`` on GPU."""
+    import resource
+
+    held = 0 if reference is None else sum(t.numel() * t.element_size() for t in reference.state_dict().values())
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    out = {"mem/reference_mb": held / 2**20, "mem/peak_rss_mb": peak_rss}
+    if device.type == "cuda":
+        out["mem/cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
 
 
 def _fmt(x: float) -> str:
