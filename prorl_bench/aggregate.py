@@ -64,7 +64,7 @@ METRICS: list[tuple[str, str, str]] = [
     ("post_success", "post-event success", "mean training success over the W steps after each reset/growth"),
     ("update_ratio", "update-norm ratio", "update_norm over the 3 steps after an event / over the W steps before"),
     ("eff_step_ratio", "eff. step ratio", "(update_norm / lr) after / before an event: the effective-step change"),
-    ("kl_after_event", "KL after event", "kl/ref on the first step after each event (nats/token)"),
+    ("kl_old_ratio", "policy-move ratio", "kl/old (how far one step moves the policy) after / before an event"),
     ("v_norm_ratio", "Adam v-norm ratio", "AdamW second-moment norm after / before each reset (events.jsonl)"),
     ("ref_mb", "ref memory (MB)", "bytes the reference model holds (0 for B; a LoRA adapter reference: adapters)"),
     ("peak_rss_mb", "peak RSS (MB)", "peak resident memory of the run's process (ru_maxrss; CPU)"),
@@ -77,7 +77,7 @@ COMPARED = [
     ("val_pass1_final", "Δ val pass@1"),
     ("val_passk_final", "Δ val pass@k"),
 ]
-EVENT_METRICS = ["post_reward", "post_success", "update_ratio", "eff_step_ratio", "kl_after_event", "v_norm_ratio"]
+EVENT_METRICS = ["post_reward", "post_success", "update_ratio", "eff_step_ratio", "kl_old_ratio", "v_norm_ratio"]
 METRIC_NAMES = [m for m, _, _ in METRICS]
 # The compact table printed at the end of a sweep (all columns are in the CSV files).
 PRINTED = [
@@ -141,7 +141,7 @@ def _event_figures(run: RunRecord, steps: list[float], window: int, out: dict[st
     if not events:
         return
     reward, success = _col(m, "reward/mean"), _col(m, "success_rate")
-    upd, lr, kl = _col(m, "update_norm"), _col(m, "lr"), _col(m, "kl/ref")
+    upd, lr, kl_old = _col(m, "update_norm"), _col(m, "lr"), _col(m, "kl/old")
     eff = [u / r if u is not None and r else None for u, r in zip(upd, lr)] if upd and lr else []
 
     def ratio(values: list) -> float:
@@ -160,7 +160,7 @@ def _event_figures(run: RunRecord, steps: list[float], window: int, out: dict[st
     out["post_success"] = mean_over_events(success, window)
     out["update_ratio"] = ratio(upd) if upd else stats.NAN
     out["eff_step_ratio"] = ratio(eff) if eff else stats.NAN
-    out["kl_after_event"] = mean_over_events(kl, 1) if kl else stats.NAN
+    out["kl_old_ratio"] = ratio(kl_old) if kl_old else stats.NAN
     v = [
         e["v_norm_after"] / e["v_norm_before"]
         for e in run.events

@@ -122,7 +122,7 @@ def plot_passk(sweep: Sweep) -> plt.Figure | None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples per prompt)")
     ax.set_ylabel("held-out pass@k (unbiased estimator)")
-    ax.set_title("Coverage: pass@k of the base (dashed) and the final policy (solid); band 95% t-interval")
+    ax.set_title("pass@k: base (dashed) vs final policy (solid); band: 95% t-interval", fontsize=10)
     return fig
 
 
