@@ -589,6 +589,7 @@ def aggregate(
     window: int = DEFAULT_WINDOW,
     figures: bool = True,
     baseline: str | None = None,
+    strict_baseline: bool = True,
 ) -> AggregateResult:
     """Load a sweep (or several), write ``runs.csv``, ``groups.csv``, ``comparisons.csv``,
     ``table.md`` and the figures into ``out_dir`` (default ``SWEEP_DIR/aggregate`` of the first),
@@ -601,7 +602,10 @@ def aggregate(
     groups = group_table(runs, sweep.group_keys)
     names = list(groups["group"])
     if baseline is not None and baseline not in names:
-        raise SweepDirError(f"--baseline {baseline!r} is not a group of this sweep; groups: {names}")
+        if strict_baseline:
+            raise SweepDirError(f"--baseline {baseline!r} is not a group of this sweep; groups: {names}")
+        notes.append(f"baseline {baseline!r} (from the grid's config) is not a group here; using the default")
+        baseline = None
     baseline = baseline or default_baseline(names)
     comparisons = compare_groups(sweep, runs, baseline)
     md = markdown_report(
@@ -637,8 +641,14 @@ class AggregateCallback(Callback):
     aggregation itself, using the directory recorded here.
     """
 
-    def __init__(self, threshold: float = DEFAULT_THRESHOLD, window: int = DEFAULT_WINDOW, figures: bool = True):
-        self.threshold, self.window, self.figures = threshold, window, figures
+    def __init__(
+        self,
+        threshold: float = DEFAULT_THRESHOLD,
+        window: int = DEFAULT_WINDOW,
+        figures: bool = True,
+        baseline: str | None = None,
+    ):
+        self.threshold, self.window, self.figures, self.baseline = threshold, window, figures, baseline
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         target = os.environ.get(SWEEP_DIR_FILE_ENV)
@@ -646,7 +656,14 @@ class AggregateCallback(Callback):
             Path(target).write_text(str(Path(config.hydra.sweep.dir).resolve()))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        res = aggregate(config.hydra.sweep.dir, threshold=self.threshold, window=self.window, figures=self.figures)
+        res = aggregate(
+            config.hydra.sweep.dir,
+            threshold=self.threshold,
+            window=self.window,
+            figures=self.figures,
+            baseline=self.baseline,
+            strict_baseline=False,  # a grid narrowed on the command line may not contain it
+        )
         print_result(res)
 
 
