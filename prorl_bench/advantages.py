@@ -50,9 +50,21 @@ _ESTIMATORS = {
 
 
 def compute_advantages(name: AdvantageName, rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Advantages (N, G); a group whose rewards are all equal gets exactly 0 (group estimators).
+
+    In float32 a group whose rewards are all equal but not exactly representable (0.6, 1/3, partial
+    credit) gets mean != each reward by rounding, so after the std division |A| reaches ~0.06 with
+    one sign for the whole group — a push with no signal behind it (verl shares this). Such groups
+    carry no information, so their advantages are set to exactly 0. Other groups are untouched
+    (binary rewards were already exact: trajectories are unchanged). REINFORCE++-baseline whitens
+    over the batch, which moves flat groups by design; it is left as defined.
+    """
     if rewards.dim() != 2 or rewards.shape[1] < 2:
         raise ValueError(f"rewards must be (prompts, group>=2), got shape {tuple(rewards.shape)}")
-    return _ESTIMATORS[AdvantageName(name)](rewards, eps)
+    adv = _ESTIMATORS[AdvantageName(name)](rewards, eps)
+    if AdvantageName(name) != AdvantageName.reinforce_pp_baseline:
+        adv = adv.masked_fill(~informative_groups(rewards)[:, None], 0.0)
+    return adv
 
 
 def informative_groups(rewards: torch.Tensor) -> torch.Tensor:

@@ -435,12 +435,14 @@ def _runs_cell(row: pd.Series) -> str:
 
 
 def fmt_comparison(c: pd.Series) -> str:
-    """``+0.012 [-0.003, +0.027] p=0.25 (n=3)``; Holm-adjusted p; ``unpaired`` marks Welch."""
+    """``+0.012 [-0.003, 0.027] p=0.25 (Holm 1) (n=3)``; ``unpaired`` marks Welch."""
     if not c["n"] or not math.isfinite(c["diff"]):
         return "–"
     sign = "+" if c["diff"] > 0 else ""
     ci = "" if not math.isfinite(c["lo"]) else f" [{fmt_value(c['lo'])}, {fmt_value(c['hi'])}]"
-    p = "" if not math.isfinite(c["p_holm"]) else f" p={c['p_holm']:.3g}"
+    p = "" if not math.isfinite(c["p"]) else f" p={c['p']:.2g}"
+    if math.isfinite(c["p_holm"]):
+        p += f" (Holm {c['p_holm']:.2g})"
     kind = "" if c["paired"] else ", unpaired"
     return f"{sign}{fmt_value(c['diff'])}{ci}{p} (n={int(c['n'])}{kind})"
 
@@ -463,8 +465,8 @@ def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int 
             f"### Paired differences vs baseline `{baseline}`",
             "",
             "Cells: group − baseline, mean of per-seed differences [95% percentile-bootstrap CI], exact "
-            "sign-flip p (Holm-adjusted across this table), n pairs. Runs pair by seed when they share the "
-            "base policy and prompt stream; otherwise `unpaired` (Welch t interval and p). Post-event: the "
+            "sign-flip p and its Holm adjustment across every cell of this table, n pairs. "
+            "Runs pair by seed when they share the base policy and prompt stream; otherwise `unpaired` (Welch t interval and p). Post-event: the "
             f"W={DEFAULT_WINDOW} steps after each reset/growth minus the same steps of the paired baseline run.",
             "",
             markdown_table(header, body),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 from filelock import FileLock
 
+from prorl_bench.checkpoint import load_verified, save_verified
 from prorl_bench.config import Config
 from prorl_bench.evaluation import evaluate
 from prorl_bench.model import TransformerPolicy
@@ -138,7 +138,7 @@ def load_or_train_base(
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         if path.exists():
-            blob = torch.load(path, map_location="cpu", weights_only=True)
+            blob = load_verified(path)  # checksum + safe loading; a damaged cache names its file
             info = {**blob["info"], "cached": True}
         else:
             # One thread, whoever trains it (a single run uses all cores, a sweep job one): float
@@ -150,11 +150,7 @@ def load_or_train_base(
             finally:
                 torch.set_num_threads(threads)
             blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg, extra_key))}
-            tmp = path.with_name(path.name + ".tmp")
-            torch.save(blob, tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            save_verified(path, blob)
             info = {**info, "cached": False}
     policy = make_policy()
     policy.load_state_dict(blob["state_dict"])

@@ -14,9 +14,12 @@ to load, naming the fields that differ.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,9 @@ from prorl_bench.outputs import EVENTS, METRICS, SAMPLES, VALIDATION, atomic_wri
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"step_(\d{8})\.pt$")
 # Keys that may change between the interrupted run and its continuation.
-RESUMABLE_KEYS = ("steps", "progress", "run_dir", "hardware.torch_threads", "checkpoint.every", "checkpoint.keep_last")
+# Not hardware.torch_threads: float reductions depend on the thread count, so a resume on another
+# count would silently continue a different trajectory.
+RESUMABLE_KEYS = ("steps", "progress", "run_dir", "checkpoint.every", "checkpoint.keep_last")
 
 
 def config_dict(cfg: Config) -> dict[str, Any]:
@@ -60,31 +65,85 @@ def checkpoint_paths(run_dir: Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if _NAME.search(p.name))
 
 
+class CorruptFileError(RuntimeError):
+    """A checkpoint or cached base that fails its checksum or cannot be loaded safely (file named)."""
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def save_verified(path: Path, obj: Any) -> None:
+    """torch.save ``obj`` atomically, then its SHA-256 next to it (``<file>.sha256``), also atomically.
+
+    The digest is written last: a kill between the two leaves a file without a digest, which
+    ``load_verified`` refuses — exactly right for a half-finished save.
+    """
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    atomic_write_text(_digest_path(path), hashlib.sha256(data).hexdigest() + "\n")
+
+
+def load_verified(path: Path) -> Any:
+    """Load a file written by ``save_verified``: the SHA-256 must match and unpickling is restricted
+    to tensors and plain containers (``weights_only=True``: a planted pickle cannot run code).
+    Every failure raises CorruptFileError naming the file."""
+    digest = _digest_path(path)
+    if not digest.is_file():
+        raise CorruptFileError(
+            f"{path}: no checksum file {digest.name} (an interrupted save, or not written by prorl-bench)"
+        )
+    data = path.read_bytes()
+    want = digest.read_text().strip()
+    if hashlib.sha256(data).hexdigest() != want:
+        raise CorruptFileError(f"{path}: SHA-256 mismatch ({len(data)} bytes; the file was changed or truncated)")
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CorruptFileError(f"{path}: cannot be loaded safely ({type(e).__name__}: {e})") from e
+
+
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
     d = Path(run_dir) / CKPT_DIR
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:08d}.pt"
-    tmp = d / f".step_{step:08d}.pt.tmp"
-    with open(tmp, "wb") as f:
-        torch.save({"step": step, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    save_verified(path, {"step": step, **state})
     for old in checkpoint_paths(run_dir)[:-keep_last]:
         old.unlink()
+        _digest_path(old).unlink(missing_ok=True)
     return path
 
 
 def load_latest(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
-    """The newest checkpoint of ``run_dir`` or None. Raises ConfigError if its config differs."""
-    paths = checkpoint_paths(run_dir)
-    if not paths:
+    """The newest intact checkpoint of ``run_dir`` or None. A checkpoint that fails its checksum or
+    safe loading is skipped with a warning naming it (the next older one is used). Raises
+    ConfigError if the chosen checkpoint's config differs."""
+    blob, paths = None, checkpoint_paths(run_dir)
+    for path in reversed(paths):
+        try:
+            blob = load_verified(path)
+            break
+        except CorruptFileError as e:
+            warnings.warn(f"skipping a damaged checkpoint: {e}", stacklevel=2)
+    if blob is None:
+        if paths:
+            raise CorruptFileError(
+                f"{run_dir}: every checkpoint is damaged ({', '.join(p.name for p in paths)}); "
+                "move them away to start this run afresh"
+            )
         return None
-    blob = torch.load(paths[-1], map_location="cpu", weights_only=False)
     diff = config_diff(blob["config"], config_dict(cfg))
     if diff:
         raise ConfigError(
-            f"refusing to resume from {paths[-1]}: its config differs in {len(diff)} field(s): " + "; ".join(diff)
+            f"refusing to resume from {run_dir / CKPT_DIR} (step {blob['step']}): "
+            f"its config differs in {len(diff)} field(s): " + "; ".join(diff)
         )
     return blob
 

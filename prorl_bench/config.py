@@ -765,8 +765,89 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
 
 
+# Names a TRL (GRPOConfig) or verl user types, and ours. A "did you mean" for unknown keys.
+ALIASES = {
+    "num_generations": "algo.group_size",
+    "n": "algo.group_size",
+    "learning_rate": "algo.lr",
+    "epsilon": "algo.eps_low",
+    "epsilon_high": "algo.eps_high",
+    "clip_ratio_low": "algo.eps_low",
+    "clip_ratio_high": "algo.eps_high",
+    "num_iterations": "algo.ppo_epochs",
+    "ppo_epochs": "algo.ppo_epochs",
+    "kl_coef": "algo.beta",
+    "kl_loss_coef": "algo.beta",
+    "beta": "algo.beta",
+    "max_grad_norm": "algo.grad_clip",
+    "max_completion_length": "task.max_len (digit tasks) or task.reasoning_gym.max_completion_tokens",
+    "max_response_length": "task.max_len (digit tasks) or task.reasoning_gym.max_completion_tokens",
+    "per_device_train_batch_size": "algo.prompts_per_step and algo.minibatches (a count, not a size)",
+    "ppo_mini_batch_size": "algo.minibatches (a count, not a size)",
+    "train_batch_size": "algo.prompts_per_step",
+    "max_steps": "steps (RL steps = rollouts)",
+    "total_training_steps": "steps (RL steps = rollouts)",
+    "loss_type": "algo.loss_agg / algo.advantage (e.g. algo=dr_grpo)",
+    "loss_agg_mode": "algo.loss_agg",
+    "temperature": "algo.temperature",
+    "top_k": "algo.top_k",
+    "lr": "algo.lr",
+    "kl_loss_type": "kl_estimator (k1|k2|k3)",
+    "ref_model_sync_steps": "reset=polyak reset.every",
+    "ref_model_mixup_alpha": "reset.alpha",
+}
+# Keys a named grid adds at the top level through `+group=option` (content packaged _global_).
+GRID_KEYS = {"sweep", "arm", "kl_setup"}
+
+
+def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
+    """Keys of the composed config that the dataclass schema does not have (free-form dicts skipped)."""
+    if not is_dataclass(schema) or not isinstance(node, DictConfig):
+        return []
+    names = {f.name for f in fields(schema)}
+    bad = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in names:
+            if not (prefix == "" and key in GRID_KEYS):
+                bad.append(path)
+            continue
+        bad += _unknown_keys(node._get_node(key), getattr(schema, key), f"{path}.")
+    return bad
+
+
+def _suggest(path: str) -> str:
+    import difflib
+
+    leaf = path.rsplit(".", 1)[-1]
+    if leaf in ALIASES:
+        return f"; did you mean {ALIASES[leaf]}?"
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    schema: Any = Config()
+    for part in [p for p in parent.split(".") if p]:
+        schema = getattr(schema, part, None)
+    if is_dataclass(schema):
+        close = difflib.get_close_matches(leaf, [f.name for f in fields(schema)], n=3, cutoff=0.6)
+        if close:
+            return "; did you mean " + " or ".join(f"{parent + '.' if parent else ''}{c}" for c in close) + "?"
+    return ""
+
+
 def to_config(cfg: DictConfig) -> Config:
-    """Validate a composed config and return typed dataclasses (raises ConfigError)."""
+    """Validate a composed config and return typed dataclasses (raises ConfigError).
+
+    Unknown keys are an error however they arrive: Hydra lets ``+algo.learning_rate=1e-5`` add a key
+    the schema does not have, and ``OmegaConf.to_object`` would then drop it silently — the run would
+    train with the default and record the override as applied.
+    """
+    unknown = _unknown_keys(cfg, Config())
+    if unknown:
+        raise ConfigError(
+            "unknown config key"
+            + ("s " if len(unknown) > 1 else " ")
+            + ", ".join(f"{k}{_suggest(k)}" for k in unknown)
+            + " (see `prorl-bench --cfg job` for every key)"
+        )
     try:
         obj = OmegaConf.to_object(cfg)
     except ConfigError:

@@ -91,7 +91,12 @@ def test_checkpoints_keep_last_n_and_resume_refuses_a_different_config(run_exp, 
     from prorl_bench.trainer import train
 
     summary, d = run_exp(["checkpoint.every=2", "checkpoint.keep_last=2"], name="ck")
-    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000004.pt", "step_00000006.pt"]
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == [
+        "step_00000004.pt",
+        "step_00000004.pt.sha256",
+        "step_00000006.pt",
+        "step_00000006.pt.sha256",
+    ]
     other = make_config(FAST + ["algo.lr=0.5", "seed=9"])
     with pytest.raises(ConfigError, match=r"2 field\(s\): algo.lr: 0.001 -> 0.5; seed: 0 -> 9"):
         train(other, d, base_cache)
