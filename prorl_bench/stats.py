@@ -1,4 +1,7 @@
-"""Pure statistics for sweep aggregation: Student-t confidence intervals and curve summaries.
+"""Pure statistics for sweep aggregation: t intervals, paired comparisons, Holm, curve summaries.
+
+Distributions and resampling come from scipy.stats (``t``, ``bootstrap``, ``permutation_test``,
+``ttest_ind``); nothing here re-implements a distribution.
 
 No I/O and no pandas here: every function takes plain sequences so it can be tested on numbers
 worked out by hand. Units follow the inputs (steps are RL steps, times are seconds, rewards are the
@@ -9,78 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
 
 NAN = float("nan")
 
 
-# --------------------------------------------------------------------------- Student t
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction for the regularized incomplete beta (modified Lentz's method)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            return h
-    raise ArithmeticError(f"incomplete beta did not converge for a={a}, b={b}, x={x}")
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function I_x(a, b) for a, b > 0 and x in [0, 1]."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"betainc: x={x} outside [0, 1]")
-    if x in (0.0, 1.0):
-        return x
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t distribution with ``df`` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"t_cdf: df={df} must be > 0")
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Quantile (inverse CDF) of Student's t, by bisection on ``t_cdf`` to ~1e-12."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile: p={p} outside (0, 1)")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+# --------------------------------------------------------------------------- unpaired (Student t)
 
 
 def finite(values: Sequence[float | None]) -> list[float]:
@@ -102,7 +42,7 @@ def mean_ci(values: Sequence[float | None], level: float = 0.95) -> tuple[float,
     if n == 1:
         return m, NAN, 1
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n), n
+    return m, float(sps.t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n), n
 
 
 # --------------------------------------------------------------------------- curves
@@ -193,3 +133,124 @@ def recovery_steps(
                 break
         out.append(rec)
     return out
+
+
+# --------------------------------------------------------------------------- paired comparisons
+
+BOOTSTRAP_METHOD = "percentile"  # BCa is unstable at n < ~10 and undefined for constant data
+BOOTSTRAP_RESAMPLES = 9999
+EXACT_MAX_N = 16  # 2^16 sign patterns: enumerate exactly up to here, Monte Carlo above
+
+
+@dataclass
+class Comparison:
+    """One group against the baseline on one metric.
+
+    ``diff`` is mean(group) - mean(baseline) (paired: the mean of per-seed differences); ``lo, hi``
+    the 95% interval of that difference (paired: percentile bootstrap of the mean difference;
+    unpaired: Welch t interval); ``p`` the two-sided p-value (paired: sign-flip permutation test,
+    exact when n <= EXACT_MAX_N; unpaired: Welch t test); ``p_holm`` filled by ``holm``; ``n`` the
+    number of pairs (paired) or ``n_group + n_baseline`` is in ``n_group``/``n_base``.
+    """
+
+    paired: bool
+    diff: float
+    lo: float
+    hi: float
+    p: float
+    n: int
+    n_base: int = 0
+    p_holm: float = float("nan")
+
+
+def sign_flip_pvalue(diffs: Sequence[float], exact_max_n: int = EXACT_MAX_N, seed: int = 0) -> float:
+    """Two-sided sign-flip (paired permutation) p-value of H0: the differences are symmetric about 0.
+
+    Statistic: the mean difference. scipy.stats.permutation_test with permutation_type='samples'
+    on (diffs, -diffs) flips the sign of each pair; it enumerates all 2^n patterns when n <=
+    ``exact_max_n`` (exact p = #{|mean'| >= |mean|} / 2^n, identity pattern included) and samples
+    otherwise. n = 0 gives nan.
+    """
+    d = np.asarray(finite(list(diffs)), dtype=float)
+    if d.size == 0:
+        return NAN
+    if np.all(d == 0):
+        return 1.0
+    n_resamples = 2**d.size if d.size <= exact_max_n else BOOTSTRAP_RESAMPLES
+    res = sps.permutation_test(
+        (d, -d),
+        lambda x, y, axis: np.mean(x, axis=axis),
+        permutation_type="samples",
+        alternative="two-sided",
+        n_resamples=n_resamples,
+        vectorized=True,
+        random_state=seed,
+    )
+    return float(min(1.0, res.pvalue))
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (scipy.stats.bootstrap, 9999 resamples, fixed seed).
+
+    n < 2 gives (nan, nan); constant data gives (value, value).
+    """
+    x = np.asarray(finite(list(values)), dtype=float)
+    if x.size < 2:
+        return NAN, NAN
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    res = sps.bootstrap(
+        (x,), np.mean, confidence_level=level, n_resamples=BOOTSTRAP_RESAMPLES,
+        method=BOOTSTRAP_METHOD, random_state=seed, vectorized=True,
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def paired_comparison(group: Sequence[float], base: Sequence[float], level: float = 0.95) -> Comparison:
+    """Paired comparison of equal-length per-seed values (``group[i]`` pairs with ``base[i]``).
+
+    Pairs where either side is missing (None/nan) are dropped; n counts the rest.
+    """
+    if len(group) != len(base):
+        raise ValueError(f"paired_comparison: {len(group)} group values vs {len(base)} baseline values")
+    d = [
+        float(g) - float(b)
+        for g, b in zip(group, base)
+        if g is not None and b is not None and math.isfinite(float(g)) and math.isfinite(float(b))
+    ]
+    if not d:
+        return Comparison(True, NAN, NAN, NAN, NAN, 0, 0)
+    lo, hi = bootstrap_ci(d, level)
+    return Comparison(True, float(np.mean(d)), lo, hi, sign_flip_pvalue(d), len(d), len(d))
+
+
+def welch_comparison(group: Sequence[float], base: Sequence[float], level: float = 0.95) -> Comparison:
+    """Unpaired comparison: difference of means with a Welch t interval and Welch t-test p-value."""
+    g, b = finite(list(group)), finite(list(base))
+    if not g or not b:
+        return Comparison(False, NAN, NAN, NAN, NAN, len(g), len(b))
+    diff = float(np.mean(g) - np.mean(b))
+    if len(g) < 2 or len(b) < 2:
+        return Comparison(False, diff, NAN, NAN, NAN, len(g), len(b))
+    vg, vb = np.var(g, ddof=1) / len(g), np.var(b, ddof=1) / len(b)
+    se = math.sqrt(vg + vb)
+    if se == 0:
+        return Comparison(False, diff, diff, diff, 1.0 if diff == 0 else 0.0, len(g), len(b))
+    dof = (vg + vb) ** 2 / (vg**2 / (len(g) - 1) + vb**2 / (len(b) - 1))
+    q = float(sps.t.ppf(0.5 + level / 2.0, dof))
+    p = float(sps.ttest_ind(g, b, equal_var=False).pvalue)
+    return Comparison(False, diff, diff - q * se, diff + q * se, p, len(g), len(b))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); nan entries stay nan
+    and do not count towards the number of hypotheses."""
+    idx = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
+    m = len(idx)
+    out = [NAN] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda j: pvalues[j])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+

@@ -2,33 +2,83 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 
 from prorl_bench import stats
 
 
+def _brute_force_sign_flip(diffs):
+    """All 2^n sign patterns enumerated by hand: p = #{|mean'| >= |mean|} / 2^n."""
+    obs = abs(sum(diffs) / len(diffs))
+    hits = sum(
+        abs(sum(s * x for s, x in zip(signs, diffs)) / len(diffs)) >= obs - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(diffs))
+    )
+    return hits / 2 ** len(diffs)
+
+
 @pytest.mark.parametrize(
-    "df, q975",
-    [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451), (9, 2.2621572), (29, 2.0452296), (1000, 1.9623391)],
+    "diffs",
+    [
+        [0.1, 0.3, -0.05, 0.2],
+        [1.0, 2.0, 3.0],
+        [0.5, -0.4, 0.3, -0.2, 0.1],
+        [-0.003, -0.005, -0.007, 0.001, -0.002, -0.004],
+    ],
 )
-def test_t_quantile_matches_tables(df, q975):
-    assert stats.t_quantile(0.975, df) == pytest.approx(q975, abs=1e-6)
-    assert stats.t_quantile(0.025, df) == pytest.approx(-q975, abs=1e-6)
+def test_sign_flip_matches_brute_force(diffs):
+    assert stats.sign_flip_pvalue(diffs) == pytest.approx(_brute_force_sign_flip(diffs), abs=1e-12)
 
 
-def test_t_cdf_symmetry_and_center():
-    assert stats.t_cdf(0.0, 3) == pytest.approx(0.5)
-    assert stats.t_cdf(1.3, 5) + stats.t_cdf(-1.3, 5) == pytest.approx(1.0)
-    # df = 1 is the Cauchy distribution: F(t) = 1/2 + atan(t)/pi
-    assert stats.t_cdf(2.0, 1) == pytest.approx(0.5 + math.atan(2.0) / math.pi, abs=1e-12)
+def test_sign_flip_floor_at_small_n():
+    # all n differences positive: only the identity and the all-flipped pattern are as extreme
+    assert stats.sign_flip_pvalue([0.1, 0.2, 0.3]) == pytest.approx(2 / 8)
+    assert stats.sign_flip_pvalue([0.1] * 8) == pytest.approx(2 / 256)
+
+
+def test_bootstrap_ci_known_answer():
+    # mean of a resample of {0, 1}: 0, 0.5, 1 with probability 1/4, 1/2, 1/4 -> 95% percentile interval [0, 1]
+    lo, hi = stats.bootstrap_ci([0.0, 1.0])
+    assert (lo, hi) == (0.0, 1.0)
+    # constant data: degenerate interval at the value
+    assert stats.bootstrap_ci([0.3, 0.3, 0.3]) == (0.3, 0.3)
+    # large n from a known normal: the percentile interval matches mean +- 1.96 s / sqrt(n) to ~5%
+    x = np.random.default_rng(1).normal(2.0, 1.0, size=400)
+    lo, hi = stats.bootstrap_ci(x)
+    half = 1.96 * x.std(ddof=1) / math.sqrt(len(x))
+    assert (hi - lo) / 2 == pytest.approx(half, rel=0.08)
+    assert (lo + hi) / 2 == pytest.approx(x.mean(), abs=0.2 * half)
+
+
+def test_holm_hand_example():
+    # sorted 0.01, 0.03, 0.04 -> 3*0.01 = 0.03, 2*0.03 = 0.06, max(0.06, 1*0.04) = 0.06; nan not counted
+    out = stats.holm([0.01, 0.04, 0.03, float("nan")])
+    assert out[:3] == pytest.approx([0.03, 0.06, 0.06])
+    assert math.isnan(out[3])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_paired_vs_welch():
+    base = [0.550, 0.520, 0.580]
+    group = [b - 0.005 + e for b, e in zip(base, (0.001, -0.001, 0.0))]
+    c = stats.paired_comparison(group, base)
+    assert c.paired and c.n == 3 and c.diff == pytest.approx(-0.005)
+    assert c.p == pytest.approx(0.25)  # n = 3 exact floor
+    assert c.lo <= c.diff <= c.hi < 0
+    w = stats.welch_comparison(group, base)
+    assert not w.paired and w.lo < 0 < w.hi and w.p > 0.5
+    with pytest.raises(ValueError, match="3 group values vs 2"):
+        stats.paired_comparison(group, base[:2])
 
 
 def test_mean_ci_known_values():
     mean, half, n = stats.mean_ci([1.0, 2.0, 3.0])  # s = 1
     assert (mean, n) == (2.0, 3)
-    assert half == pytest.approx(4.3026527 / math.sqrt(3), abs=1e-6)
+    assert half == pytest.approx(4.3026527 / math.sqrt(3), abs=1e-6)  # t(0.975, 2) from tables
     mean, half, n = stats.mean_ci([0.2, 0.4])  # s = 0.1414.., t(0.975, 1) = 12.706
     assert mean == pytest.approx(0.3)
     assert half == pytest.approx(12.7062047 * math.sqrt(0.02) / math.sqrt(2), rel=1e-6)
