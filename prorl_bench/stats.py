@@ -1,11 +1,16 @@
-"""Pure statistics for sweep aggregation: t intervals, paired comparisons, Holm, curve summaries.
-
-Distributions and resampling come from scipy.stats (``t``, ``bootstrap``, ``permutation_test``,
-``ttest_ind``); nothing here re-implements a distribution.
+"""Pure statistics for sweep aggregation: intervals, paired comparisons, curve summaries.
 
 No I/O and no pandas here: every function takes plain sequences so it can be tested on numbers
-worked out by hand. Units follow the inputs (steps are RL steps, times are seconds, rewards are the
-task's reward units); each function says what it returns.
+worked out by hand. Distributions and resampling come from ``scipy.stats`` (``t``, ``bootstrap``,
+``permutation_test``, ``ttest_ind``). Units follow the inputs (steps are RL steps, times are seconds,
+rewards are the task's reward units); each function says what it returns.
+
+Why paired: runs that share a seed share the base policy and the prompt stream, so arms of one
+sweep are paired by design (their trajectories are bit-identical until they first differ). The
+per-seed difference removes the seed-to-seed variance an unpaired interval carries; with n seeds the
+exact sign-flip test cannot go below p = 2 / 2^n (0.25 at n = 3), so studies need >= 6-8 seeds.
+Agarwal et al. 2021 ("Deep RL at the edge of the statistical precipice") is the reference for
+honest aggregate reporting.
 """
 
 from __future__ import annotations
@@ -18,9 +23,8 @@ import numpy as np
 from scipy import stats as sps
 
 NAN = float("nan")
-
-
-# --------------------------------------------------------------------------- unpaired (Student t)
+LEVEL = 0.95  # every interval in tables and figures
+BOOTSTRAP_RESAMPLES = 10_000
 
 
 def finite(values: Sequence[float | None]) -> list[float]:
@@ -106,151 +110,109 @@ def time_at_step(steps: Sequence[float], step_times: Sequence[float | None], ste
     return sum(t for s, t in zip(steps, step_times) if s <= step and t is not None and math.isfinite(t))
 
 
-def recovery_steps(
-    steps: Sequence[float], values: Sequence[float | None], event_steps: Sequence[float], window: int = 5
-) -> list[float]:
-    """Steps each event (e.g. a reference reset) took to regain the pre-event level.
-
-    For an event at step e, the pre-event level is the mean of ``values`` at the last ``window``
-    steps <= e; recovery is the first step s > e at which the mean of the post-event values over the
-    last ``window`` steps up to s (never reaching back before e) is back at that level, reported as
-    s - e (RL steps). nan when it never recovers or there is no pre-event data.
-    """
-    pts = [(float(s), v) for s, v in zip(steps, values)]
-    out = []
-    for e in event_steps:
-        before = finite([v for s, v in pts if s <= e][-window:])
-        if not before:
-            out.append(NAN)
-            continue
-        level = sum(before) / len(before)
-        after = [(s, v) for s, v in pts if s > e]
-        rec = NAN
-        for i, (s, _) in enumerate(after):
-            xs = finite([v for _, v in after[max(0, i - window + 1) : i + 1]])
-            if xs and sum(xs) / len(xs) >= level:
-                rec = s - e
-                break
-        out.append(rec)
-    return out
+# --------------------------------------------------------------------------- comparisons
 
 
-# --------------------------------------------------------------------------- paired comparisons
-
-BOOTSTRAP_METHOD = "percentile"  # BCa is unstable at n < ~10 and undefined for constant data
-BOOTSTRAP_RESAMPLES = 9999
-EXACT_MAX_N = 16  # 2^16 sign patterns: enumerate exactly up to here, Monte Carlo above
-
-
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
-    """One group against the baseline on one metric.
+    """A difference (group - baseline) with its interval, p-value and how it was computed.
 
-    ``diff`` is mean(group) - mean(baseline) (paired: the mean of per-seed differences); ``lo, hi``
-    the 95% interval of that difference (paired: percentile bootstrap of the mean difference;
-    unpaired: Welch t interval); ``p`` the two-sided p-value (paired: sign-flip permutation test,
-    exact when n <= EXACT_MAX_N; unpaired: Welch t test); ``p_holm`` filled by ``holm``; ``n`` the
-    number of pairs (paired) or ``n_group + n_baseline`` is in ``n_group``/``n_base``.
+    ``paired``: per-seed differences (bootstrap CI of their mean, exact sign-flip p); otherwise
+    Welch's unequal-variance t test and interval. ``p_holm`` is filled in by ``holm`` across a table.
     """
 
-    paired: bool
     diff: float
     lo: float
     hi: float
     p: float
     n: int
-    n_base: int = 0
-    p_holm: float = float("nan")
+    paired: bool
+    p_holm: float = NAN
 
 
-def sign_flip_pvalue(diffs: Sequence[float], exact_max_n: int = EXACT_MAX_N, seed: int = 0) -> float:
-    """Two-sided sign-flip (paired permutation) p-value of H0: the differences are symmetric about 0.
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Two-sided p-value of the paired sign-flip (permutation) test of mean(diffs) = 0.
 
-    Statistic: the mean difference. scipy.stats.permutation_test with permutation_type='samples'
-    on (diffs, -diffs) flips the sign of each pair; it enumerates all 2^n patterns when n <=
-    ``exact_max_n`` (exact p = #{|mean'| >= |mean|} / 2^n, identity pattern included) and samples
-    otherwise. n = 0 gives nan.
+    Exact: all 2^n sign assignments are enumerated (scipy's ``permutation_test`` does so when
+    2^n <= its resample count, i.e. n <= 13). All-zero differences give p = 1.
     """
-    d = np.asarray(finite(list(diffs)), dtype=float)
-    if d.size == 0:
+    d = np.asarray(finite(diffs), dtype=float)
+    if len(d) == 0:
         return NAN
-    if np.all(d == 0):
+    if not np.any(d) or len(d) == 1:  # one pair: both sign assignments are as extreme
         return 1.0
-    n_resamples = 2**d.size if d.size <= exact_max_n else BOOTSTRAP_RESAMPLES
     res = sps.permutation_test(
-        (d, -d),
-        lambda x, y, axis: np.mean(x, axis=axis),
-        permutation_type="samples",
-        alternative="two-sided",
-        n_resamples=n_resamples,
-        vectorized=True,
-        random_state=seed,
+        (d,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=2**13
     )
-    return float(min(1.0, res.pvalue))
+    return float(res.pvalue)
 
 
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (scipy.stats.bootstrap, 9999 resamples, fixed seed).
-
-    n < 2 gives (nan, nan); constant data gives (value, value).
-    """
-    x = np.asarray(finite(list(values)), dtype=float)
-    if x.size < 2:
+def bootstrap_ci(values: Sequence[float], level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (``scipy.stats.bootstrap``, 10 000 resamples,
+    fixed seed so tables are reproducible). Percentile rather than BCa: BCa's acceleration is
+    undefined for the tiny, often tied samples (3-8 seeds) a sweep gives. n < 2: (nan, nan);
+    all values equal: that value twice."""
+    x = np.asarray(finite(values), dtype=float)
+    if len(x) < 2:
         return NAN, NAN
     if np.all(x == x[0]):
         return float(x[0]), float(x[0])
     res = sps.bootstrap(
-        (x,), np.mean, confidence_level=level, n_resamples=BOOTSTRAP_RESAMPLES,
-        method=BOOTSTRAP_METHOD, random_state=seed, vectorized=True,
-    )
+        (x,), np.mean, confidence_level=level, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+        random_state=np.random.default_rng(seed),
+    )  # fmt: skip
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def paired_comparison(group: Sequence[float], base: Sequence[float], level: float = 0.95) -> Comparison:
-    """Paired comparison of equal-length per-seed values (``group[i]`` pairs with ``base[i]``).
-
-    Pairs where either side is missing (None/nan) are dropped; n counts the rest.
-    """
-    if len(group) != len(base):
-        raise ValueError(f"paired_comparison: {len(group)} group values vs {len(base)} baseline values")
-    d = [
-        float(g) - float(b)
-        for g, b in zip(group, base)
-        if g is not None and b is not None and math.isfinite(float(g)) and math.isfinite(float(b))
+def paired_comparison(group: Sequence[float], baseline: Sequence[float], level: float = LEVEL) -> Comparison:
+    """Paired difference of two equally long sequences aligned by seed (pairs with a non-finite
+    member are dropped): mean difference, bootstrap CI, exact sign-flip p."""
+    if len(group) != len(baseline):
+        raise ValueError(f"paired_comparison: {len(group)} values vs {len(baseline)} baseline values")
+    diffs = [
+        float(a) - float(b)
+        for a, b in zip(group, baseline)
+        if a is not None and b is not None and math.isfinite(float(a)) and math.isfinite(float(b))
     ]
-    if not d:
-        return Comparison(True, NAN, NAN, NAN, NAN, 0, 0)
-    lo, hi = bootstrap_ci(d, level)
-    return Comparison(True, float(np.mean(d)), lo, hi, sign_flip_pvalue(d), len(d), len(d))
+    if not diffs:
+        return Comparison(NAN, NAN, NAN, NAN, 0, True)
+    lo, hi = bootstrap_ci(diffs, level)
+    return Comparison(sum(diffs) / len(diffs), lo, hi, sign_flip_p(diffs), len(diffs), True)
 
 
-def welch_comparison(group: Sequence[float], base: Sequence[float], level: float = 0.95) -> Comparison:
-    """Unpaired comparison: difference of means with a Welch t interval and Welch t-test p-value."""
-    g, b = finite(list(group)), finite(list(base))
-    if not g or not b:
-        return Comparison(False, NAN, NAN, NAN, NAN, len(g), len(b))
-    diff = float(np.mean(g) - np.mean(b))
-    if len(g) < 2 or len(b) < 2:
-        return Comparison(False, diff, NAN, NAN, NAN, len(g), len(b))
-    vg, vb = np.var(g, ddof=1) / len(g), np.var(b, ddof=1) / len(b)
-    se = math.sqrt(vg + vb)
-    if se == 0:
-        return Comparison(False, diff, diff, diff, 1.0 if diff == 0 else 0.0, len(g), len(b))
-    dof = (vg + vb) ** 2 / (vg**2 / (len(g) - 1) + vb**2 / (len(b) - 1))
-    q = float(sps.t.ppf(0.5 + level / 2.0, dof))
-    p = float(sps.ttest_ind(g, b, equal_var=False).pvalue)
-    return Comparison(False, diff, diff - q * se, diff + q * se, p, len(g), len(b))
+def welch_comparison(group: Sequence[float], baseline: Sequence[float], level: float = LEVEL) -> Comparison:
+    """Unpaired difference of means: Welch's t interval and two-sided p (``scipy.stats.ttest_ind``)."""
+    a, b = np.asarray(finite(group), dtype=float), np.asarray(finite(baseline), dtype=float)
+    n = min(len(a), len(b))
+    if len(a) == 0 or len(b) == 0:
+        return Comparison(NAN, NAN, NAN, NAN, 0, False)
+    diff = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return Comparison(diff, NAN, NAN, NAN, n, False)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return Comparison(diff, diff, diff, 1.0 if diff == 0 else 0.0, n, False)
+    res = sps.ttest_ind(a, b, equal_var=False)
+    ci = res.confidence_interval(confidence_level=level)
+    return Comparison(diff, float(ci.low), float(ci.high), float(res.pvalue), n, False)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); nan entries stay nan
-    and do not count towards the number of hypotheses."""
+    """Holm-Bonferroni step-down adjusted p-values (family-wise error control), NaNs kept in place.
+
+    Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    """
     idx = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
     m = len(idx)
     out = [NAN] * len(pvalues)
     running = 0.0
-    for rank, i in enumerate(sorted(idx, key=lambda j: pvalues[j])):
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         out[i] = running
     return out
 
+
+def window_mean(steps: Sequence[float], values: Sequence[float | None], start: float, end: float) -> float:
+    """Mean of the finite values at steps in (start, end] (nan if none)."""
+    xs = finite([v for s, v in zip(steps, values) if start < s <= end])
+    return sum(xs) / len(xs) if xs else NAN
