@@ -319,29 +319,41 @@ def default_baseline(groups: Sequence[str]) -> str | None:
 def compare_groups(sweep: Sweep, runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     """Per (group != baseline) x metric of ``COMPARED`` (and the post-event windows relative to the
     same window of the paired baseline run): difference, CI, p, Holm-adjusted p (across the whole
-    table), n. Pairs by ``pair_key``; a group whose runs do not all pair with the baseline's is
-    compared unpaired (Welch)."""
+    table), n. Pairs by ``pair_key`` (seeds on one side only are left out of the pairs); a group whose
+    runs do not share the baseline's base/prompt settings, or that holds a seed twice, is compared
+    unpaired (Welch) over all its completed runs."""
     ok = runs[runs["status"] == "completed"]
     if baseline is None or baseline not in set(ok["group"]):
         return pd.DataFrame()
     by_dir = {str(r.run_dir): r for r in sweep.runs if r.run_dir}
-    rows_of: dict[str, dict[tuple[str, str], dict]] = {}
+    rows_of: dict[str, list[tuple[tuple[str, str], dict]]] = {}
     for _, row in ok.iterrows():
         run = by_dir.get(row["run_dir"])
         if run is not None:
-            rows_of.setdefault(row["group"], {})[pair_key(run)] = row.to_dict()
-    base = rows_of.get(baseline, {})
+            rows_of.setdefault(row["group"], []).append((pair_key(run), row.to_dict()))
+    base_rows = rows_of.get(baseline, [])
+    base = dict(base_rows)
     out = []
-    for group, members in rows_of.items():
+    for group, member_rows in rows_of.items():
         if group == baseline:
             continue
+        members = dict(member_rows)
         shared = [k for k in members if k in base]
-        paired = len(shared) == len(members) == len(base) and len(shared) > 0
+        # Pair only when every run of both groups fixes the same base and prompt stream (one settings
+        # key) and no seed occurs twice (two pooled sweeps with the same seeds: a dict would silently
+        # keep one of them). Seeds present on one side only (a failed run) are left out of the pairs:
+        # n counts the pairs actually used.
+        paired = (
+            len(shared) > 0
+            and len(members) == len(member_rows)
+            and len(base) == len(base_rows)
+            and len({k[1] for k in members} | {k[1] for k in base}) == 1
+        )
         for metric, _ in COMPARED:
             if paired:
                 c = stats.paired_comparison([members[k][metric] for k in shared], [base[k][metric] for k in shared])
             else:
-                c = stats.welch_comparison([r[metric] for r in members.values()], [r[metric] for r in base.values()])
+                c = stats.welch_comparison([r[metric] for _, r in member_rows], [r[metric] for _, r in base_rows])
             out.append({"group": group, "metric": metric, **c.__dict__})
         if paired:
             for metric, col in (("post_reward", "reward/mean"), ("post_success", "success_rate")):

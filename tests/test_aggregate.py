@@ -229,6 +229,37 @@ def test_paired_difference_finds_what_an_unpaired_interval_hides(tmp_path):
     assert welch.p > 0.9  # the same data, unpaired
 
 
+def test_a_failed_baseline_seed_leaves_the_other_pairs_paired(tmp_path):
+    """One baseline seed failed: the comparison stays paired over the seeds both arms have (n = 3),
+    instead of falling back to Welch over everything."""
+    seed_level = [0.3, 0.5, 0.7, 0.9]
+    for seed, level in enumerate(seed_level):
+        for arm, bump in (("A1", 0.0), ("C", 0.02)):
+            failed = arm == "A1" and seed == 3
+            write_run(
+                tmp_path, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level + bump] * 10),
+                summary={"status": "failed", "error": "boom"} if failed else OK, config=_cfg(seed),
+            )  # fmt: skip
+    res = agg.aggregate(tmp_path, figures=False)
+    c = res_comparisons(res)[("C", "success_final")]
+    assert c["paired"] and c["n"] == 3 and c["diff"] == pytest.approx(0.02) and c["p"] == pytest.approx(2 / 8)
+
+
+def test_pooled_sweeps_with_repeated_seeds_are_not_paired_by_seed(tmp_path):
+    """The same seeds from two identical sweeps pool into one group; pairing by seed would have to
+    drop one run per seed, so the comparison is unpaired over all 4 runs per arm."""
+    for sweep in ("s1", "s2"):
+        for seed in range(2):
+            for arm, level in (("A1", 0.5), ("C", 0.6 if sweep == "s1" else 0.7)):
+                write_run(
+                    tmp_path / sweep, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level] * 4),
+                    summary=OK, config=_cfg(seed),
+                )  # fmt: skip
+    res = agg.aggregate([tmp_path / "s1", tmp_path / "s2"], out_dir=tmp_path / "out", figures=False)
+    c = res_comparisons(res)[("C", "success_final")]
+    assert not c["paired"] and c["diff"] == pytest.approx(0.15)  # all four C runs count: (0.6 + 0.7) / 2 - 0.5
+
+
 def test_runs_that_do_not_share_a_base_are_compared_unpaired(tmp_path):
     for seed in range(3):
         rows = metric_rows([0.5] * 4)
