@@ -316,7 +316,9 @@ def default_baseline(groups: Sequence[str]) -> str | None:
     return groups[0] if groups else None
 
 
-def compare_groups(sweep: Sweep, runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+def compare_groups(
+    sweep: Sweep, runs: pd.DataFrame, baseline: str | None, window: int = DEFAULT_WINDOW
+) -> pd.DataFrame:
     """Per (group != baseline) x metric of ``COMPARED`` (and the post-event windows relative to the
     same window of the paired baseline run): difference, CI, p, Holm-adjusted p (across the whole
     table), n. Pairs by ``pair_key`` (seeds on one side only are left out of the pairs); a group whose
@@ -358,7 +360,7 @@ def compare_groups(sweep: Sweep, runs: pd.DataFrame, baseline: str | None) -> pd
         if paired:
             for metric, col in (("post_reward", "reward/mean"), ("post_success", "success_rate")):
                 pairs = [(by_dir[members[k]["run_dir"]], by_dir[base[k]["run_dir"]]) for k in shared]
-                diffs = [_event_window_diff(run, ref, col) for run, ref in pairs]
+                diffs = [_event_window_diff(run, ref, col, window) for run, ref in pairs]
                 if stats.finite(diffs):
                     c = stats.paired_comparison(diffs, [0.0] * len(diffs))
                     out.append({"group": group, "metric": f"{metric}_vs_baseline", **c.__dict__})
@@ -457,7 +459,9 @@ def fmt_comparison(c: pd.Series) -> str:
     return f"{sign}{fmt_value(c['diff'])}{ci}{p} (n={int(c['n'])}{kind})"
 
 
-def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int | None) -> str:
+def comparison_markdown(
+    comparisons: pd.DataFrame, baseline: str | None, k: int | None, window: int = DEFAULT_WINDOW
+) -> str:
     if comparisons.empty:
         return ""
     heads = dict(COMPARED) | {
@@ -477,7 +481,7 @@ def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int 
             "Cells: group − baseline, mean of per-seed differences [95% percentile-bootstrap CI], exact "
             "sign-flip p (Holm-adjusted across this table), n pairs. Runs pair by seed when they share the "
             "base policy and prompt stream; otherwise `unpaired` (Welch t interval and p). Post-event: the "
-            f"W={DEFAULT_WINDOW} steps after each reset/growth minus the same steps of the paired baseline run.",
+            f"W={window} steps after each reset/growth minus the same steps of the paired baseline run.",
             "",
             markdown_table(header, body),
             "",
@@ -485,7 +489,7 @@ def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int 
     )
 
 
-def event_markdown(groups: pd.DataFrame) -> str:
+def event_markdown(groups: pd.DataFrame, window: int = DEFAULT_WINDOW) -> str:
     """Post-event diagnostics per group (only groups with events)."""
     heading = {m: h for m, h, _ in METRICS}
     rows = [g for _, g in groups.iterrows() if g.get("n_resets_mean", 0) or g.get("n_growths_mean", 0)]
@@ -499,7 +503,7 @@ def event_markdown(groups: pd.DataFrame) -> str:
         [
             "### After resets and growths",
             "",
-            f"Per run, averaged over its events (W={DEFAULT_WINDOW} steps); cells mean ± 95% t-CI over seeds. "
+            f"Per run, averaged over its events (W={window} steps); cells mean ± 95% t-CI over seeds. "
             "A ratio > 1 means bigger steps after the event than before; Adam's v-norm ratio < 1 with "
             "`step: keep` is the bias-correction hazard (a larger effective step).",
             "",
@@ -546,8 +550,8 @@ def markdown_report(
         markdown_table(header, body),
         "",
         *[f"Note: {n}." for n in notes],
-        comparison_markdown(comparisons if comparisons is not None else pd.DataFrame(), baseline, k),
-        event_markdown(groups),
+        comparison_markdown(comparisons if comparisons is not None else pd.DataFrame(), baseline, k, window),
+        event_markdown(groups, window),
         f"### Runs ({len(runs)} total, {n_bad} not completed)",
         "",
     ]
@@ -619,7 +623,7 @@ def aggregate(
         notes.append(f"baseline {baseline!r} (from the grid's config) is not a group here; using the default")
         baseline = None
     baseline = baseline or default_baseline(names)
-    comparisons = compare_groups(sweep, runs, baseline)
+    comparisons = compare_groups(sweep, runs, baseline, window)
     md = markdown_report(
         sweep, runs, groups, threshold, window, comparisons=comparisons, baseline=baseline, notes=notes
     )

@@ -141,9 +141,13 @@ def test_post_event_windows(tmp_path):
     assert c["v_norm_ratio_mean"] == 0.25
     assert a1["n_resets_mean"] == 0 and math.isnan(a1["post_reward_mean"])  # no events, no window
     cmp = res_comparisons(res)
+    # the same window as the per-run figure (W=1): step 5 minus A1's 0.8, step 7 minus 0.8
+    assert cmp[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(((0.2 - 0.8) + (0.9 - 0.8)) / 2)
+    assert "W=1 steps" in res.markdown and "W=5" not in res.markdown
     # the default window (5): reset at 4 -> steps 5-8 minus A1's 0.8; growth at 6 -> steps 7-8
+    cmp5 = res_comparisons(agg.aggregate(tmp_path, out_dir=tmp_path / "w5", figures=False))
     expected = ((0.2 + 0.5 + 0.9 + 0.9) / 4 - 0.8 + 0.9 - 0.8) / 2
-    assert cmp[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(expected)
+    assert cmp5[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(expected)
 
 
 def res_comparisons(res) -> dict:
