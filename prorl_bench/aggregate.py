@@ -304,6 +304,10 @@ def pair_key(run: RunRecord) -> tuple[str, str]:
     cfg = run.config
     shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
     shared.pop("warmup.cache_dir", None)
+    if not any(k.startswith("task.") for k in shared):
+        # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
+        # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).
+        return run.seed, f"unverifiable:{run.run_dir}"
     return run.seed, repr(sorted(shared.items()))
 
 

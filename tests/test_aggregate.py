@@ -132,8 +132,10 @@ def test_post_event_windows(tmp_path):
         {"step": 4, "event": "reset", "reason": "periodic", "v_norm_before": 2.0, "v_norm_after": 0.5},
         {"step": 6, "event": "growth", "reason": "schedule"},
     ]
-    write_run(tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events, summary=OK)
-    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.8] * 8), summary=OK)
+    write_run(
+        tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events, summary=OK, config=_cfg(0)
+    )
+    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.8] * 8), summary=OK, config=_cfg(0))
     res = agg.aggregate(tmp_path, window=1, figures=False)
     c, a1 = _group(res, "C"), _group(res, "A1")
     assert c["n_resets_mean"] == 1 and c["n_growths_mean"] == 1
@@ -276,6 +278,14 @@ def test_runs_that_do_not_share_a_base_are_compared_unpaired(tmp_path):
     res = agg.aggregate(tmp_path, figures=False)
     c = res_comparisons(res)[("B", "success_final")]
     assert not c["paired"] and "unpaired" in res.markdown
+
+
+def test_runs_without_resolved_task_settings_are_not_paired_by_seed_alone(tmp_path):
+    for seed in range(3):
+        for arm, level in (("A1", 0.5), ("C", 0.6)):
+            write_run(tmp_path, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level] * 4), summary=OK)
+    res = agg.aggregate(tmp_path, figures=False)
+    assert not res_comparisons(res)[("C", "success_final")]["paired"] and "unpaired" in res.markdown
 
 
 def test_sweeps_with_different_fixed_settings_are_never_pooled(tmp_path):
