@@ -304,6 +304,10 @@ def pair_key(run: RunRecord) -> tuple[str, str]:
     cfg = run.config
     shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
     shared.pop("warmup.cache_dir", None)
+    if not any(k.startswith("task.") for k in shared):
+        # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
+        # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).
+        return run.seed, f"unverifiable:{run.run_dir}"
     return run.seed, repr(sorted(shared.items()))
 
 
@@ -316,37 +320,51 @@ def default_baseline(groups: Sequence[str]) -> str | None:
     return groups[0] if groups else None
 
 
-def compare_groups(sweep: Sweep, runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+def compare_groups(
+    sweep: Sweep, runs: pd.DataFrame, baseline: str | None, window: int = DEFAULT_WINDOW
+) -> pd.DataFrame:
     """Per (group != baseline) x metric of ``COMPARED`` (and the post-event windows relative to the
     same window of the paired baseline run): difference, CI, p, Holm-adjusted p (across the whole
-    table), n. Pairs by ``pair_key``; a group whose runs do not all pair with the baseline's is
-    compared unpaired (Welch)."""
+    table), n. Pairs by ``pair_key`` (seeds on one side only are left out of the pairs); a group whose
+    runs do not share the baseline's base/prompt settings, or that holds a seed twice, is compared
+    unpaired (Welch) over all its completed runs."""
     ok = runs[runs["status"] == "completed"]
     if baseline is None or baseline not in set(ok["group"]):
         return pd.DataFrame()
     by_dir = {str(r.run_dir): r for r in sweep.runs if r.run_dir}
-    rows_of: dict[str, dict[tuple[str, str], dict]] = {}
+    rows_of: dict[str, list[tuple[tuple[str, str], dict]]] = {}
     for _, row in ok.iterrows():
         run = by_dir.get(row["run_dir"])
         if run is not None:
-            rows_of.setdefault(row["group"], {})[pair_key(run)] = row.to_dict()
-    base = rows_of.get(baseline, {})
+            rows_of.setdefault(row["group"], []).append((pair_key(run), row.to_dict()))
+    base_rows = rows_of.get(baseline, [])
+    base = dict(base_rows)
     out = []
-    for group, members in rows_of.items():
+    for group, member_rows in rows_of.items():
         if group == baseline:
             continue
+        members = dict(member_rows)
         shared = [k for k in members if k in base]
-        paired = len(shared) == len(members) == len(base) and len(shared) > 0
+        # Pair only when every run of both groups fixes the same base and prompt stream (one settings
+        # key) and no seed occurs twice (two pooled sweeps with the same seeds: a dict would silently
+        # keep one of them). Seeds present on one side only (a failed run) are left out of the pairs:
+        # n counts the pairs actually used.
+        paired = (
+            len(shared) > 0
+            and len(members) == len(member_rows)
+            and len(base) == len(base_rows)
+            and len({k[1] for k in members} | {k[1] for k in base}) == 1
+        )
         for metric, _ in COMPARED:
             if paired:
                 c = stats.paired_comparison([members[k][metric] for k in shared], [base[k][metric] for k in shared])
             else:
-                c = stats.welch_comparison([r[metric] for r in members.values()], [r[metric] for r in base.values()])
+                c = stats.welch_comparison([r[metric] for _, r in member_rows], [r[metric] for _, r in base_rows])
             out.append({"group": group, "metric": metric, **c.__dict__})
         if paired:
             for metric, col in (("post_reward", "reward/mean"), ("post_success", "success_rate")):
                 pairs = [(by_dir[members[k]["run_dir"]], by_dir[base[k]["run_dir"]]) for k in shared]
-                diffs = [_event_window_diff(run, ref, col) for run, ref in pairs]
+                diffs = [_event_window_diff(run, ref, col, window) for run, ref in pairs]
                 if stats.finite(diffs):
                     c = stats.paired_comparison(diffs, [0.0] * len(diffs))
                     out.append({"group": group, "metric": f"{metric}_vs_baseline", **c.__dict__})
@@ -447,7 +465,9 @@ def fmt_comparison(c: pd.Series) -> str:
     return f"{sign}{fmt_value(c['diff'])}{ci}{p} (n={int(c['n'])}{kind})"
 
 
-def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int | None) -> str:
+def comparison_markdown(
+    comparisons: pd.DataFrame, baseline: str | None, k: int | None, window: int = DEFAULT_WINDOW
+) -> str:
     if comparisons.empty:
         return ""
     heads = dict(COMPARED) | {
@@ -466,8 +486,9 @@ def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int 
             "",
             "Cells: group − baseline, mean of per-seed differences [95% percentile-bootstrap CI], exact "
             "sign-flip p and its Holm adjustment across every cell of this table, n pairs. "
-            "Runs pair by seed when they share the base policy and prompt stream; otherwise `unpaired` (Welch t interval and p). Post-event: the "
-            f"W={DEFAULT_WINDOW} steps after each reset/growth minus the same steps of the paired baseline run.",
+            "Runs pair by seed when they share the base policy and prompt stream; otherwise `unpaired` "
+            "(Welch t interval and p). Post-event: the "
+            f"W={window} steps after each reset/growth minus the same steps of the paired baseline run.",
             "",
             markdown_table(header, body),
             "",
@@ -475,7 +496,7 @@ def comparison_markdown(comparisons: pd.DataFrame, baseline: str | None, k: int 
     )
 
 
-def event_markdown(groups: pd.DataFrame) -> str:
+def event_markdown(groups: pd.DataFrame, window: int = DEFAULT_WINDOW) -> str:
     """Post-event diagnostics per group (only groups with events)."""
     heading = {m: h for m, h, _ in METRICS}
     rows = [g for _, g in groups.iterrows() if g.get("n_resets_mean", 0) or g.get("n_growths_mean", 0)]
@@ -489,7 +510,7 @@ def event_markdown(groups: pd.DataFrame) -> str:
         [
             "### After resets and growths",
             "",
-            f"Per run, averaged over its events (W={DEFAULT_WINDOW} steps); cells mean ± 95% t-CI over seeds. "
+            f"Per run, averaged over its events (W={window} steps); cells mean ± 95% t-CI over seeds. "
             "A ratio > 1 means bigger steps after the event than before; Adam's v-norm ratio < 1 with "
             "`step: keep` is the bias-correction hazard (a larger effective step).",
             "",
@@ -536,8 +557,8 @@ def markdown_report(
         markdown_table(header, body),
         "",
         *[f"Note: {n}." for n in notes],
-        comparison_markdown(comparisons if comparisons is not None else pd.DataFrame(), baseline, k),
-        event_markdown(groups),
+        comparison_markdown(comparisons if comparisons is not None else pd.DataFrame(), baseline, k, window),
+        event_markdown(groups, window),
         f"### Runs ({len(runs)} total, {n_bad} not completed)",
         "",
     ]
@@ -609,7 +630,7 @@ def aggregate(
         notes.append(f"baseline {baseline!r} (from the grid's config) is not a group here; using the default")
         baseline = None
     baseline = baseline or default_baseline(names)
-    comparisons = compare_groups(sweep, runs, baseline)
+    comparisons = compare_groups(sweep, runs, baseline, window)
     md = markdown_report(
         sweep, runs, groups, threshold, window, comparisons=comparisons, baseline=baseline, notes=notes
     )

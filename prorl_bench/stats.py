@@ -25,6 +25,7 @@ from scipy import stats as sps
 NAN = float("nan")
 LEVEL = 0.95  # every interval in tables and figures
 BOOTSTRAP_RESAMPLES = 10_000
+EXACT_SIGN_FLIP_MAX_N = 16  # 2^16 sign patterns: still enumerated in well under a second
 
 
 def finite(values: Sequence[float | None]) -> list[float]:
@@ -130,20 +131,24 @@ class Comparison:
     p_holm: float = NAN
 
 
-def sign_flip_p(diffs: Sequence[float]) -> float:
+def sign_flip_p(diffs: Sequence[float], seed: int = 0) -> float:
     """Two-sided p-value of the paired sign-flip (permutation) test of mean(diffs) = 0.
 
-    Exact: all 2^n sign assignments are enumerated (scipy's ``permutation_test`` does so when
-    2^n <= its resample count, i.e. n <= 13). All-zero differences give p = 1.
+    Exact for n <= EXACT_SIGN_FLIP_MAX_N: ``permutation_test`` enumerates all 2^n sign assignments
+    when ``n_resamples >= 2^n``, so it is given exactly 2^n. Above that (2^n > 65 536 patterns) it
+    samples ``BOOTSTRAP_RESAMPLES`` assignments with a fixed seed, so tables stay reproducible.
+    All-zero differences give p = 1.
     """
     d = np.asarray(finite(diffs), dtype=float)
     if len(d) == 0:
         return NAN
     if not np.any(d) or len(d) == 1:  # one pair: both sign assignments are as extreme
         return 1.0
+    exact = len(d) <= EXACT_SIGN_FLIP_MAX_N
     res = sps.permutation_test(
-        (d,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=2**13
-    )
+        (d,), np.mean, permutation_type="samples", alternative="two-sided",
+        n_resamples=2 ** len(d) if exact else BOOTSTRAP_RESAMPLES, random_state=np.random.default_rng(seed),
+    )  # fmt: skip
     return float(res.pvalue)
 
 

@@ -132,8 +132,10 @@ def test_post_event_windows(tmp_path):
         {"step": 4, "event": "reset", "reason": "periodic", "v_norm_before": 2.0, "v_norm_after": 0.5},
         {"step": 6, "event": "growth", "reason": "schedule"},
     ]
-    write_run(tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events, summary=OK)
-    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.8] * 8), summary=OK)
+    write_run(
+        tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events, summary=OK, config=_cfg(0)
+    )
+    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.8] * 8), summary=OK, config=_cfg(0))
     res = agg.aggregate(tmp_path, window=1, figures=False)
     c, a1 = _group(res, "C"), _group(res, "A1")
     assert c["n_resets_mean"] == 1 and c["n_growths_mean"] == 1
@@ -141,9 +143,13 @@ def test_post_event_windows(tmp_path):
     assert c["v_norm_ratio_mean"] == 0.25
     assert a1["n_resets_mean"] == 0 and math.isnan(a1["post_reward_mean"])  # no events, no window
     cmp = res_comparisons(res)
+    # the same window as the per-run figure (W=1): step 5 minus A1's 0.8, step 7 minus 0.8
+    assert cmp[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(((0.2 - 0.8) + (0.9 - 0.8)) / 2)
+    assert "W=1 steps" in res.markdown and "W=5" not in res.markdown
     # the default window (5): reset at 4 -> steps 5-8 minus A1's 0.8; growth at 6 -> steps 7-8
+    cmp5 = res_comparisons(agg.aggregate(tmp_path, out_dir=tmp_path / "w5", figures=False))
     expected = ((0.2 + 0.5 + 0.9 + 0.9) / 4 - 0.8 + 0.9 - 0.8) / 2
-    assert cmp[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(expected)
+    assert cmp5[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(expected)
 
 
 def res_comparisons(res) -> dict:
@@ -229,6 +235,37 @@ def test_paired_difference_finds_what_an_unpaired_interval_hides(tmp_path):
     assert welch.p > 0.9  # the same data, unpaired
 
 
+def test_a_failed_baseline_seed_leaves_the_other_pairs_paired(tmp_path):
+    """One baseline seed failed: the comparison stays paired over the seeds both arms have (n = 3),
+    instead of falling back to Welch over everything."""
+    seed_level = [0.3, 0.5, 0.7, 0.9]
+    for seed, level in enumerate(seed_level):
+        for arm, bump in (("A1", 0.0), ("C", 0.02)):
+            failed = arm == "A1" and seed == 3
+            write_run(
+                tmp_path, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level + bump] * 10),
+                summary={"status": "failed", "error": "boom"} if failed else OK, config=_cfg(seed),
+            )  # fmt: skip
+    res = agg.aggregate(tmp_path, figures=False)
+    c = res_comparisons(res)[("C", "success_final")]
+    assert c["paired"] and c["n"] == 3 and c["diff"] == pytest.approx(0.02) and c["p"] == pytest.approx(2 / 8)
+
+
+def test_pooled_sweeps_with_repeated_seeds_are_not_paired_by_seed(tmp_path):
+    """The same seeds from two identical sweeps pool into one group; pairing by seed would have to
+    drop one run per seed, so the comparison is unpaired over all 4 runs per arm."""
+    for sweep in ("s1", "s2"):
+        for seed in range(2):
+            for arm, level in (("A1", 0.5), ("C", 0.6 if sweep == "s1" else 0.7)):
+                write_run(
+                    tmp_path / sweep, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level] * 4),
+                    summary=OK, config=_cfg(seed),
+                )  # fmt: skip
+    res = agg.aggregate([tmp_path / "s1", tmp_path / "s2"], out_dir=tmp_path / "out", figures=False)
+    c = res_comparisons(res)[("C", "success_final")]
+    assert not c["paired"] and c["diff"] == pytest.approx(0.15)  # all four C runs count: (0.6 + 0.7) / 2 - 0.5
+
+
 def test_runs_that_do_not_share_a_base_are_compared_unpaired(tmp_path):
     for seed in range(3):
         rows = metric_rows([0.5] * 4)
@@ -241,6 +278,14 @@ def test_runs_that_do_not_share_a_base_are_compared_unpaired(tmp_path):
     res = agg.aggregate(tmp_path, figures=False)
     c = res_comparisons(res)[("B", "success_final")]
     assert not c["paired"] and "unpaired" in res.markdown
+
+
+def test_runs_without_resolved_task_settings_are_not_paired_by_seed_alone(tmp_path):
+    for seed in range(3):
+        for arm, level in (("A1", 0.5), ("C", 0.6)):
+            write_run(tmp_path, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level] * 4), summary=OK)
+    res = agg.aggregate(tmp_path, figures=False)
+    assert not res_comparisons(res)[("C", "success_final")]["paired"] and "unpaired" in res.markdown
 
 
 def test_sweeps_with_different_fixed_settings_are_never_pooled(tmp_path):

@@ -92,6 +92,14 @@ def test_sign_flip_p_is_exact(diffs):
     assert stats.sign_flip_p(diffs) == pytest.approx(_brute_sign_flip(diffs), abs=1e-12)
 
 
+def test_sign_flip_p_is_exact_beyond_scipys_default_resample_count():
+    # n = 14 > 13: 2^14 patterns must still be enumerated (an 8192-sample Monte Carlo draw is not exact)
+    diffs = [0.3, -0.1, 0.25, 0.05, -0.2, 0.4, 0.15, -0.05, 0.1, 0.35, -0.3, 0.2, 0.12, -0.08]
+    assert stats.sign_flip_p(diffs) == pytest.approx(_brute_sign_flip(diffs), abs=1e-12)
+    big = [0.1 * ((-1) ** i) + 0.03 * i for i in range(20)]  # Monte Carlo above 16: reproducible
+    assert stats.sign_flip_p(big) == stats.sign_flip_p(big)
+
+
 def test_three_seeds_cannot_reach_p_below_a_quarter():
     assert stats.sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)  # all positive: 2 of 8 assignments
     assert stats.sign_flip_p([0.0, 0.0]) == 1.0
@@ -107,9 +115,9 @@ def test_bootstrap_ci_known_answers():
     lo, hi = stats.bootstrap_ci(list(x))
     half = 1.96 * x.std(ddof=1) / np.sqrt(len(x))
     assert lo == pytest.approx(x.mean() - half, abs=0.02) and hi == pytest.approx(x.mean() + half, abs=0.02)
-    # two points: every resample mean lies between them
-    lo, hi = stats.bootstrap_ci([0.0, 1.0])
-    assert 0.0 <= lo < hi <= 1.0
+    # two points {0, 1}: resample means are 0, 0.5, 1 with probability 1/4, 1/2, 1/4, so the 2.5%
+    # and 97.5% percentiles are exactly 0 and 1
+    assert stats.bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)
 
 
 def test_holm_matches_a_hand_computed_example():
