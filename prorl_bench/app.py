@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.guards import Preempted
-from prorl_bench.outputs import RESOLVED_CONFIG, atomic_write_text, write_summary
+from prorl_bench.outputs import write_summary
+from prorl_bench.rundir import RunDirBusy, has_previous_run
 
 register_configs()
 
@@ -46,23 +47,34 @@ def run(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    had_run = has_previous_run(run_dir)  # its record must survive a refused start
     try:
-        atomic_write_text(run_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
         conf = to_config(cfg)
         threads = conf.hardware.torch_threads or (1 if multirun else (os.cpu_count() or 1))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         cache = Path(conf.warmup.cache_dir)
         if not cache.is_absolute():
             cache = Path(hydra.utils.get_original_cwd()) / cache
-        summary = train(conf, run_dir, cache, threads=threads, progress=conf.progress and not multirun)
+        summary = train(
+            conf,
+            run_dir,
+            cache,
+            threads=threads,
+            progress=conf.progress and not multirun,
+            resolved_config=OmegaConf.to_yaml(cfg, resolve=True),
+        )
     except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
         print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)
         if multirun:
             raise  # a job error, not a process exit: the other jobs of the sweep go on
         raise SystemExit(EXIT_PREEMPTED) from None
     except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
-        write_summary(run_dir, failed_summary(e))
+        # ...except where that would overwrite someone else's record: a directory held by another
+        # process, or an existing run whose resume was refused (config error) — nothing is written
+        refused = isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run)
+        if not refused:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_summary(run_dir, failed_summary(e))
         if isinstance(e, ConfigError) and not multirun:
             print(f"prorl-bench: config error: {e}", file=sys.stderr)
             raise SystemExit(2) from None

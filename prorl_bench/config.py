@@ -352,7 +352,9 @@ class AlgoConfig:
             self.group_size,
             f">= 2 (every advantage estimator, here '{self.advantage.value}', uses a group baseline)",
         )
-        _require(self.temperature > 0, "algo.temperature", self.temperature, "> 0")
+        # outside this range the sampling distribution is numerically one-hot or uniform and the
+        # logprobs (logits / T) overflow or underflow: temperature=1e-45 used to crash in sampling
+        _require(1e-3 <= self.temperature <= 1e3, "algo.temperature", self.temperature, "in [0.001, 1000]")
         _require(self.top_k >= 0, "algo.top_k", self.top_k, ">= 0 (0 disables)")
         _require(self.eps_low >= 0, "algo.eps_low", self.eps_low, ">= 0")
         _require(self.eps_low < 1, "algo.eps_low", self.eps_low, "< 1")
@@ -648,7 +650,9 @@ class Config:
         _reject_nonfinite(self)
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
-        _require(self.seed >= 0, "seed", self.seed, ">= 0")
+        # derived generators multiply the seed (evaluation: seed * 1_000_003 + step; rank growth:
+        # (seed * 1_000_003 + step) * 100_003 + layer), which must stay inside torch's 64-bit seeds
+        _require(0 <= self.seed < MAX_SEED, "seed", self.seed, f"in [0, {MAX_SEED}) (2**24)")
         placement = self.kl_estimator.placement
         _require(
             not (placement == KLPlacement.reward and self.variant.name in (VariantName.A0, VariantName.B)),
@@ -715,6 +719,7 @@ class Config:
         )
 
 
+MAX_SEED = 2**24
 FREQUENT_RESETS = 25  # steps: at or below this period the step-counter hazard compounds (measured)
 
 

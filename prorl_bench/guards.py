@@ -23,6 +23,12 @@ class Preempted(RuntimeError):
         self.step = step
         self.signum = signum
 
+    def __reduce__(self):
+        # joblib/loky send a job's exception to the parent by pickling it; the default reduce passes
+        # only the message to __init__, which takes two arguments — the parent then got
+        # BrokenProcessPool and the rest of the sweep died with it.
+        return (type(self), (self.step, self.signum))
+
 
 class NonFiniteGuard:
     """``ok(t, ...)`` is True for finite tensors. Otherwise: raise (``fail``, the default) or warn,

@@ -45,10 +45,12 @@ from prorl_bench.kl_control import KLController
 from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
+from prorl_bench.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
 from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
+from prorl_bench.rundir import RunDirLock
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.sinks import open_writer
 from prorl_bench.tasks import make_task
@@ -79,8 +81,25 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progress: bool = False) -> dict[str, Any]:
-    """Run one experiment; write its files into ``run_dir``; return the summary dict."""
+def train(
+    cfg: Config,
+    run_dir: Path,
+    cache_root: Path,
+    threads: int = 1,
+    progress: bool = False,
+    resolved_config: str | None = None,
+) -> dict[str, Any]:
+    """Run one experiment; write its files into ``run_dir``; return the summary dict.
+
+    The run directory is locked for the whole run (a second process fails at once, nothing
+    written). ``resolved_config`` (YAML text) is written only once the resume has been accepted, so
+    a refused resume leaves the existing run's record untouched.
+    """
+    with RunDirLock(run_dir):
+        return _train(cfg, run_dir, cache_root, threads, progress, resolved_config)
+
+
+def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None):
     wall0 = time.perf_counter()
     device = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
@@ -153,6 +172,8 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         start = ckpt["step"] + 1
     # every step exactly once: drop rows past the checkpoint (all rows when starting afresh)
     truncate_logs(run_dir, start - 1 if ckpt is not None else -1)
+    if resolved_config is not None:
+        atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
 
     out = open_writer(cfg, run_dir)  # JSONL files (+ TensorBoard / W&B when tracking.* is on)
     if ckpt is None:
