@@ -225,5 +225,62 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def load_any(path: str | Path) -> tuple[nn.Module, Any]:
+    """(policy, tokenizer) from a run directory, a native export or an HF export/checkpoint dir."""
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        policy, tok, _, _ = load_run(p)
+        return policy, tok
+    cfg_file = p / "config.json"
+    if cfg_file.is_file() and json.loads(cfg_file.read_text()).get("format") == NATIVE_FORMAT:
+        return load_native(p)
+    if cfg_file.is_file():
+        from prorl_bench.hf_model import load_policy, load_tokenizer
+
+        model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(p))
+        return load_policy(model, torch.device("cpu")).eval(), load_tokenizer(p)
+    raise ConfigError(f"{p}: neither a run directory (checkpoints/) nor an exported model (config.json)")
+
+
+@torch.no_grad()
+def sample(
+    policy: nn.Module, tok: Any, prompt: str, n: int, temperature: float, max_new_tokens: int, seed: int = 0
+) -> list[str]:
+    """``n`` completions of ``prompt`` (decoded, cut at EOS) with the bench's sampler;
+    ``temperature`` 0 means greedy. ``max_new_tokens`` is capped by the model's context."""
+    from prorl_bench.rollout import generate
+
+    ids, mask = tok.encode_prompts([prompt] * n)
+    limit = int(getattr(policy, "max_positions", 0) or getattr(getattr(policy, "cfg", None), "max_seq_len", 0))
+    if limit:
+        max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
+    if max_new_tokens < 1:
+        raise ConfigError(f"prompt of {ids.shape[1]} tokens leaves no room in the model's {limit}-token context")
+    gen = torch.Generator().manual_seed(seed)
+    greedy = temperature <= 0
+    r = generate(policy, tok, ids, mask, max_new_tokens, 1.0 if greedy else temperature, generator=gen, greedy=greedy)
+    return [tok.decode(row[r.prompt_len :].tolist()) for row in r.ids]
+
+
+def sample_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="prorl-bench-sample", description="Sample from a run's or an export's policy.")
+    ap.add_argument("path", help="a run directory (newest checkpoint) or an exported model directory")
+    ap.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+    ap.add_argument("--n", type=int, default=4, help="completions per prompt")
+    ap.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        policy, tok = load_any(args.path)
+        for prompt in args.prompt:
+            for i, text in enumerate(sample(policy, tok, prompt, args.n, args.temperature, args.max_new_tokens, args.seed)):
+                print(json.dumps({"prompt": prompt, "i": i, "completion": text}))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -101,3 +101,22 @@ def test_native_export_reloads_with_equal_logits(lora, tmp_path):
 def test_export_without_checkpoint_fails_loudly(tmp_path, capsys):
     assert main([str(tmp_path), str(tmp_path / "out")]) == 2
     assert "no checkpoints" in capsys.readouterr().err
+
+
+def test_sample_cli_from_run_and_export(tmp_path, capsys):
+    import json
+
+    from prorl_bench.export import sample_main
+
+    cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+    cfg.warmup.enabled = False
+    train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    outs = []
+    for src in ("run", "out"):
+        assert sample_main([str(tmp_path / src), "--prompt", "12", "--n", "3", "--max-new-tokens", "5"]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [r["i"] for r in rows] == [0, 1, 2] and all(len(r["completion"]) <= 5 for r in rows)
+        outs.append(rows)
+    assert outs[0] == outs[1]  # same weights, same seed: the export samples what the run samples
