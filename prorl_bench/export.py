@@ -101,14 +101,15 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
 def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
     """The policy's state dict with every LoRALinear folded into a plain Linear's names:
     ``X.weight = X.base.weight + scaling * X.lora_B @ X.lora_A`` (``X.bias = X.base.bias``)."""
-    sd = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    sd = {k: v.detach().float().cpu().clone() for k, v in policy.state_dict().items()}
     for name, mod in lora_layers(policy):
         assert isinstance(mod, LoRALinear)
         for k in [k for k in sd if k.startswith(name + ".base.") or k.startswith(name + ".lora_")]:
             del sd[k]
-        sd[f"{name}.weight"] = (mod.base.weight + mod.scaling * (mod.lora_B @ mod.lora_A)).detach().clone()
+        delta = mod.scaling * (mod.lora_B.float() @ mod.lora_A.float())
+        sd[f"{name}.weight"] = (mod.base.weight.float() + delta).cpu()
         if mod.base.bias is not None:
-            sd[f"{name}.bias"] = mod.base.bias.detach().clone()
+            sd[f"{name}.bias"] = mod.base.bias.detach().float().cpu().clone()
     return sd
 
 
@@ -157,7 +158,9 @@ def export_hf(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
     missing, unexpected = model.load_state_dict(sd, strict=False)
     tied = {"lm_head.weight"} if getattr(hf_cfg, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise ValueError(f"export: weight names do not match {type(model).__name__}: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"export: weight names do not match {type(model).__name__}: missing {missing}, unexpected {unexpected}"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -203,12 +206,17 @@ def load_native(path: str | Path) -> tuple[nn.Module, Any]:
     return policy.eval(), CharTokenizer()
 
 
-def export_run(run_dir: str | Path, out: str | Path) -> Path:
-    """Export ``run_dir``'s newest checkpoint to ``out`` (format per model.kind; see module doc)."""
-    policy, tok, cfg, _ = load_run(run_dir)
+def export_policy(policy: nn.Module, cfg: Config, tok: Any, out: str | Path) -> Path:
+    """Export an in-memory policy (any device) to ``out`` in the format for ``cfg.model.kind``."""
     if cfg.model.kind == ModelKind.hf_causal_lm:
         return export_hf(policy, cfg, out)
     return export_native(policy, cfg, tok.vocab_size, out)
+
+
+def export_run(run_dir: str | Path, out: str | Path) -> Path:
+    """Export ``run_dir``'s newest checkpoint to ``out`` (format per model.kind; see module doc)."""
+    policy, tok, cfg, _ = load_run(run_dir)
+    return export_policy(policy, cfg, tok, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,7 +282,8 @@ def sample_main(argv: list[str] | None = None) -> int:
     try:
         policy, tok = load_any(args.path)
         for prompt in args.prompt:
-            for i, text in enumerate(sample(policy, tok, prompt, args.n, args.temperature, args.max_new_tokens, args.seed)):
+            texts = sample(policy, tok, prompt, args.n, args.temperature, args.max_new_tokens, args.seed)
+            for i, text in enumerate(texts):
                 print(json.dumps({"prompt": prompt, "i": i, "completion": text}))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

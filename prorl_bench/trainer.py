@@ -375,6 +375,10 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             "recovery/unrecovered": len(recov) - len(done),
         }
     )
+    if cfg.export.at_end:
+        from prorl_bench.export import export_policy
+
+        summary["export"] = str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
     out.event(cfg.steps, "end", "completed")
     out.summary(summary)
     out.close()

@@ -120,3 +120,21 @@ def test_sample_cli_from_run_and_export(tmp_path, capsys):
         assert [r["i"] for r in rows] == [0, 1, 2] and all(len(r["completion"]) <= 5 for r in rows)
         outs.append(rows)
     assert outs[0] == outs[1]  # same weights, same seed: the export samples what the run samples
+
+
+def test_export_at_end_matches_the_final_policy(tiny_hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.fast)
+    cfg = _cfg(model)
+    cfg.export.at_end = True
+    summary = train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
+    assert summary["export"] == str(tmp_path / "run" / "export")
+    policy, tok, _, _ = load_run(tmp_path / "run")  # checkpoint of the last step = final policy
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export", local_files_only=True).eval()
+    ids, mask = _ids(tok)
+    pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
+        m = mask.unsqueeze(-1)
+        assert torch.allclose(policy(ids, mask) * m, theirs * m, atol=1e-5)
