@@ -84,7 +84,8 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import load_policy
 
-        policy = load_policy(cfg.model, torch.device("cpu"))
+        targets = list(cfg.adapter.targets) if cfg.adapter.kind == AdapterKind.lora else []
+        policy = load_policy(cfg.model, torch.device("cpu"), targets)
     else:
         policy = TransformerPolicy(cfg.model, tok.vocab_size)
     if cfg.adapter.kind == AdapterKind.lora:

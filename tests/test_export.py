@@ -46,8 +46,9 @@ def _ids(tok):
 
 @pytest.mark.parametrize(
     "impl,targets",
-    [(HFImpl.fast, None), (HFImpl.hf, None), (HFImpl.fast, ["qkv", "fc1"]), (HFImpl.hf, ["q_proj", "up_proj"])],
-    ids=["fast", "hf", "fast-lora", "hf-lora"],
+    [(HFImpl.fast, None), (HFImpl.hf, None), (HFImpl.fast, ["qkv", "fc1"]), (HFImpl.hf, ["q_proj", "up_proj"]),
+     (HFImpl.auto, ["q_proj", "v_proj"])],
+    ids=["fast", "hf", "fast-lora", "hf-lora", "auto-hf-names-lora"],
 )
 def test_hf_export_reloads_with_equal_logits(impl, targets, tiny_hf_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -138,3 +139,12 @@ def test_export_at_end_matches_the_final_policy(tiny_hf_dir, tmp_path):
         theirs = hf(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
         m = mask.unsqueeze(-1)
         assert torch.allclose(policy(ids, mask) * m, theirs * m, atol=1e-5)
+
+
+def test_hf_lora_names_under_impl_fast_fail_loudly(tiny_hf_dir, tmp_path):
+    from prorl_bench.config import ConfigError
+
+    adapter = AdapterConfig(kind=AdapterKind.lora, targets=["q_proj", "v_proj"], rank=2)
+    model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.fast)
+    with pytest.raises(ConfigError, match=r"adapter.targets.*q_proj.*model.impl=hf"):
+        train(_cfg(model, adapter), tmp_path / "run", tmp_path / "cache", threads=1)
