@@ -589,6 +589,13 @@ class WarmupConfig:
 
 
 @dataclass
+class ExportConfig:
+    """``at_end``: export the final policy to ``<run_dir>/export`` (format: prorl_bench/export.py)."""
+
+    at_end: bool = False
+
+
+@dataclass
 class TrackingConfig:
     """Optional sinks beside the JSONL files (see prorl_bench/sinks.py); both need an extra."""
 
@@ -645,6 +652,7 @@ class Config:
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)
     progress: bool = True  # terminal progress bar (single runs only)
     run_dir: str | None = None  # None: Hydra's output directory
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
         _reject_nonfinite(self)

@@ -206,8 +206,15 @@ def _is_llama_family(model: nn.Module) -> bool:
     return getattr(model.config, "model_type", "") in {"llama", "mistral", "qwen2"}
 
 
-def load_policy(cfg: ModelConfig, device: torch.device) -> nn.Module:
-    """Load ``cfg.path`` in fp32 (bf16 is applied by autocast) and wrap it per ``cfg.impl``."""
+FAST_NAMES = frozenset({"qkv", "proj", "fc1", "fc2"})  # the fast path's (fused) linear layer names
+
+
+def load_policy(cfg: ModelConfig, device: torch.device, adapter_targets: Sequence[str] = ()) -> nn.Module:
+    """Load ``cfg.path`` in fp32 (bf16 is applied by autocast) and wrap it per ``cfg.impl``.
+
+    ``adapter_targets``: LoRA target names the run will attach. Names other than the fast path's
+    (HF names such as ``q_proj``) make ``impl=auto`` use HF's forward (the fast path fuses q/k/v and
+    gate/up, so those layers do not exist there); with ``impl=fast`` they are a ConfigError."""
     _require_transformers()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -227,8 +234,14 @@ def load_policy(cfg: ModelConfig, device: torch.device) -> nn.Module:
         if hasattr(model.config, "attention_dropout"):
             model.config.attention_dropout = 0.0
     impl = cfg.impl
+    hf_names = sorted(set(adapter_targets) - FAST_NAMES)
     if impl == HFImpl.auto:
-        impl = HFImpl.fast if _is_llama_family(model) else HFImpl.hf
+        impl = HFImpl.fast if _is_llama_family(model) and not hf_names else HFImpl.hf
+    elif impl == HFImpl.fast and hf_names:
+        raise ConfigError(
+            f"invalid config value adapter.targets={list(adapter_targets)}: {hf_names} do not exist under "
+            f"model.impl=fast (fused layers {sorted(FAST_NAMES)}); use model.impl=hf or auto for HF names"
+        )
     if impl == HFImpl.fast:
         from prorl_bench.fast_llama import FastLlamaPolicy
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from prorl_bench.base import load_or_train_base
-from prorl_bench.config import Config, ConfigError, ModelKind, PromptStyle, TaskName
+from prorl_bench.config import AdapterKind, Config, ConfigError, ModelKind, PromptStyle, TaskName
 from prorl_bench.model import TransformerPolicy
 from prorl_bench.tasks import CharTokenizer, Task
 
@@ -44,8 +44,10 @@ def load_base_policy(
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import fingerprint, load_policy
 
+        targets = list(cfg.adapter.targets) if cfg.adapter.kind == AdapterKind.lora else []
+
         def make() -> torch.nn.Module:
-            return load_policy(cfg.model, torch.device("cpu"))
+            return load_policy(cfg.model, torch.device("cpu"), targets)
 
         need = task.max_prompt_len + task.max_completion_len
         probe = make()

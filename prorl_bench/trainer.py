@@ -421,6 +421,10 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
     reset_at = [r["step"] for r in history if r["reset"]]
     summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
+    if cfg.export.at_end:
+        from prorl_bench.export import export_policy
+
+        summary["export"] = str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
     out.event(cfg.steps, "end", "completed")
     out.summary(summary)
     out.close()

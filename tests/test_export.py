@@ -1,0 +1,150 @@
+"""Export a run's policy and reload it outside the bench: logits equal the bench policy's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from prorl_bench.config import (  # noqa: E402
+    AdapterConfig,
+    AdapterKind,
+    AlgoConfig,
+    CheckpointConfig,
+    Config,
+    HFImpl,
+    ModelConfig,
+    ModelKind,
+    TaskConfig,
+    TaskName,
+    VariantConfig,
+    VariantName,
+)
+from prorl_bench.export import export_hf, export_native, load_native, load_run, main  # noqa: E402
+from prorl_bench.trainer import train  # noqa: E402
+
+
+def _cfg(model: ModelConfig, adapter: AdapterConfig | None = None) -> Config:
+    return Config(
+        task=TaskConfig(name=TaskName.reverse_digits, min_len=2, max_len=3, val_size=4),
+        variant=VariantConfig(name=VariantName.A1),
+        model=model,
+        algo=AlgoConfig(prompts_per_step=2, group_size=4, minibatches=1, ppo_epochs=1, lr=1e-2),
+        adapter=adapter or AdapterConfig(),
+        checkpoint=CheckpointConfig(every=2),
+        steps=2,
+        eval_every=2,
+        progress=False,
+    )
+
+
+def _ids(tok):
+    ids, mask = tok.encode_prompts(["12 34", "5"])
+    return ids, mask
+
+
+@pytest.mark.parametrize(
+    "impl,targets",
+    [(HFImpl.fast, None), (HFImpl.hf, None), (HFImpl.fast, ["qkv", "fc1"]), (HFImpl.hf, ["q_proj", "up_proj"]),
+     (HFImpl.auto, ["q_proj", "v_proj"])],
+    ids=["fast", "hf", "fast-lora", "hf-lora", "auto-hf-names-lora"],
+)
+def test_hf_export_reloads_with_equal_logits(impl, targets, tiny_hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter = AdapterConfig(kind=AdapterKind.lora, targets=targets, rank=2) if targets else None
+    model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=impl)
+    train(_cfg(model, adapter), tmp_path / "run", tmp_path / "cache", threads=1)
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    policy, tok, cfg, step = load_run(tmp_path / "run")
+    assert step == 2
+    # A tiny random model earns no reward, so 2 steps may leave it unchanged: perturb every weight
+    # (LoRA B included) so that a wrong name mapping or a missing merge changes the logits.
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    export_hf(policy, cfg, tmp_path / "out")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
+    ids, mask = _ids(tok)
+    pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        ours = policy(ids, mask)
+        theirs = hf(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
+        base = AutoModelForCausalLM.from_pretrained(tiny_hf_dir, local_files_only=True).eval()
+        before = base(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
+    m = mask.unsqueeze(-1)
+    assert torch.allclose(ours * m, theirs * m, atol=1e-5)
+    assert not torch.allclose(before * m, theirs * m, atol=1e-4)  # the perturbation is visible
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_native_export_reloads_with_equal_logits(lora, tmp_path):
+    adapter = AdapterConfig(kind=AdapterKind.lora, rank=2) if lora else None
+    cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32), adapter)
+    cfg.warmup.enabled = False
+    train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    policy, tok, cfg, _ = load_run(tmp_path / "run")
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    export_native(policy, cfg, tok.vocab_size, tmp_path / "out")
+    loaded, tok2 = load_native(tmp_path / "out")
+    ids, mask = _ids(tok2)
+    with torch.no_grad():
+        assert torch.allclose(policy(ids, mask), loaded(ids, mask), atol=1e-6)
+
+
+def test_export_without_checkpoint_fails_loudly(tmp_path, capsys):
+    assert main([str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "no checkpoints" in capsys.readouterr().err
+
+
+def test_sample_cli_from_run_and_export(tmp_path, capsys):
+    import json
+
+    from prorl_bench.export import sample_main
+
+    cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+    cfg.warmup.enabled = False
+    train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    outs = []
+    for src in ("run", "out"):
+        assert sample_main([str(tmp_path / src), "--prompt", "12", "--n", "3", "--max-new-tokens", "5"]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [r["i"] for r in rows] == [0, 1, 2] and all(len(r["completion"]) <= 5 for r in rows)
+        outs.append(rows)
+    assert outs[0] == outs[1]  # same weights, same seed: the export samples what the run samples
+
+
+def test_export_at_end_matches_the_final_policy(tiny_hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.fast)
+    cfg = _cfg(model)
+    cfg.export.at_end = True
+    summary = train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
+    assert summary["export"] == str(tmp_path / "run" / "export")
+    policy, tok, _, _ = load_run(tmp_path / "run")  # checkpoint of the last step = final policy
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export", local_files_only=True).eval()
+    ids, mask = _ids(tok)
+    pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
+        m = mask.unsqueeze(-1)
+        assert torch.allclose(policy(ids, mask) * m, theirs * m, atol=1e-5)
+
+
+def test_hf_lora_names_under_impl_fast_fail_loudly(tiny_hf_dir, tmp_path):
+    from prorl_bench.config import ConfigError
+
+    adapter = AdapterConfig(kind=AdapterKind.lora, targets=["q_proj", "v_proj"], rank=2)
+    model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.fast)
+    with pytest.raises(ConfigError, match=r"adapter.targets.*q_proj.*model.impl=hf"):
+        train(_cfg(model, adapter), tmp_path / "run", tmp_path / "cache", threads=1)
