@@ -19,7 +19,8 @@ def main() -> None:
         t0 = time.monotonic()
         res = run_many([src] * 64, lim, workers=workers)
         dt = time.monotonic() - t0
-        print(f"{name}: 64 programs in {dt:.2f} s = {64 / dt:.1f} programs/s; statuses={sorted({r.status for r in res})}")
+        statuses = sorted({r.status for r in res})
+        print(f"{name}: 64 programs in {dt:.2f} s = {64 / dt:.1f} programs/s; statuses={statuses}")
 
 
 if __name__ == "__main__":
