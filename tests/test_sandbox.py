@@ -1,0 +1,72 @@
+"""Hostile programs are contained by the sandbox with the right status; the caller survives."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from prorl_bench.sandbox import SandboxLimits, isolation_level, run_many, run_program
+
+LIM = SandboxLimits(wall_s=1.0, cpu_s=1, memory_bytes=256 * 2**20)
+
+
+def test_hostile_batch_contained(tmp_path):
+    outside = tmp_path / "outside.txt"
+    os.environ["PRORL_SBX_SECRET"] = "s3cr3t"
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    progs = {
+        "trivial": ("print(2+2)", "ok"),
+        "syntax": ("def (:", "syntax_error"),
+        "loop": ("while True: pass", "timeout"),
+        "sleep": ("import time; time.sleep(30)", "timeout"),
+        "membomb": ("x = bytearray(10**10)", "memory"),
+        "recursion": ("def f(): return f()\nf()", "exception"),
+        "exit": ("import sys; sys.exit(3)", "exception"),
+        "os_exit0": ("import os; os._exit(0)", "ok"),
+        "killparent": ("import os; os.kill(os.getppid(), 9)", None),
+        "forkbomb": ("import os\nwhile True: os.fork()", None),
+        "write_outside": (f"open({str(outside)!r}, 'w').write('x')", "exception"),
+        "secret": ("import os, sys; sys.exit(7 if 'PRORL_SBX_SECRET' in os.environ else 0)", "ok"),
+        "socket": (f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=0.5)", "exception"),
+        "bigprint": ("print('x' * 20_000_000)", None),
+        "child_sleeps": (
+            "import subprocess, time\n"
+            "p = subprocess.Popen(['sleep', '31.4159'])\n"
+            "time.sleep(30)",
+            "timeout",
+        ),
+    }
+    if isolation_level() != "netns+pidns":
+        progs.pop("socket")
+    os.chmod(tmp_path, 0o755)
+    t0 = time.monotonic()
+    results = dict(zip(progs, run_many([s for s, _ in progs.values()], LIM, workers=16)))
+    assert time.monotonic() - t0 < 8.0  # parallel, not 15 x timeouts in series
+    for name, (_, want) in progs.items():
+        r = results[name]
+        if want is not None:
+            assert r.status == want, (name, r)
+        assert r.status in {"ok", "syntax_error", "exception", "timeout", "memory", "killed"}
+    assert results["trivial"].stdout == "4\n"
+    assert len(results["bigprint"].stdout) <= LIM.max_output_bytes
+    assert not outside.exists()
+    srv.close()
+    # No descendant of ours survives its sample.
+    time.sleep(0.2)
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmdline = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            assert b"31.4159" not in cmdline, d  # the grandchild of child_sleeps was killed
+
+
+def test_trivial_fast_and_env_scrubbed():
+    r = run_program("import os; print(sorted(os.environ))", LIM)
+    assert r.status == "ok"
+    assert "PRORL_SBX_SECRET" not in r.stdout and "PATH" in r.stdout
