@@ -1,6 +1,6 @@
 """Per-stage wall timers, forward counters and FLOP accounting for one training step.
 
-Stage names and counter keys are the DESIGN section 7 contract: ``time/<stage>``,
+Stage names and counter keys are an output contract (README "Outputs"): ``time/<stage>``,
 ``count/policy_fwd``, ``count/ref_fwd``, ``tokens/policy_fwd``, ``tokens/ref_fwd``.
 Timers synchronise CUDA before reading the clock so a stage is charged for its own kernels.
 """
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth")
+STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth", "eval")
 COUNTERS = ("count/policy_fwd", "count/ref_fwd", "tokens/policy_fwd", "tokens/ref_fwd")
 
 

@@ -31,10 +31,21 @@ def reinforce_pp_baseline(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Ten
     return (centred - centred.mean()) / (centred.std() + eps)
 
 
+def dr_grpo(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): R - mean_g(R).
+
+    No division by the group std, which up-weights groups that are nearly all right or all
+    wrong (a question-difficulty bias). (eps unused; kept for a uniform signature.) Pair it with
+    ``loss_agg=seq_mean_token_sum_norm`` to also drop the per-sequence length normalisation.
+    """
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
 _ESTIMATORS = {
     AdvantageName.grpo: grpo,
     AdvantageName.rloo: rloo,
     AdvantageName.reinforce_pp_baseline: reinforce_pp_baseline,
+    AdvantageName.dr_grpo: dr_grpo,
 }
 
 

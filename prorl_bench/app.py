@@ -26,7 +26,7 @@ register_configs()
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (re-running the same command resumes)
 
-# conf/ lives at the repository top level (DESIGN layout); an absolute path keeps Hydra from
+# conf/ lives at the repository top level (the documented layout); an absolute path keeps Hydra from
 # resolving it as a Python module relative to this package.
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 

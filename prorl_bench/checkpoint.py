@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from prorl_bench.config import Config, ConfigError
-from prorl_bench.outputs import EVENTS, METRICS, VALIDATION, atomic_write_text, read_jsonl
+from prorl_bench.outputs import EVENTS, METRICS, SAMPLES, VALIDATION, atomic_write_text, read_jsonl
 
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"step_(\d{8})\.pt$")
@@ -91,7 +91,7 @@ def load_latest(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
 
 def truncate_logs(run_dir: Path, step: int) -> None:
     """Drop JSONL rows written after ``step`` (and a torn last line), atomically per file."""
-    for name in (METRICS, EVENTS, VALIDATION):
+    for name in (METRICS, EVENTS, VALIDATION, SAMPLES):
         path = Path(run_dir) / name
         if path.exists():
             rows = [r for r in read_jsonl(path) if r["step"] <= step]

@@ -14,6 +14,7 @@ All of this happens before any model is built or any step is trained.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
@@ -78,11 +79,14 @@ class AdvantageName(str, Enum):
     grpo = "grpo"
     rloo = "rloo"
     reinforce_pp_baseline = "reinforce_pp_baseline"
+    dr_grpo = "dr_grpo"  # Dr. GRPO: R - mean_g, no std scaling (Liu et al. 2025)
 
 
 class LossAgg(str, Enum):
     token = "token"  # mean over all response tokens of the minibatch
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
+    seq_mean_token_sum = "seq_mean_token_sum"  # verl: sum over a sequence's tokens, mean over sequences
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
 
 
 class ResetTrigger(str, Enum):
@@ -121,6 +125,12 @@ class AdapterKind(str, Enum):
     lora = "lora"
 
 
+class AdapterReferenceKind(str, Enum):
+    auto = "auto"  # adapters when the base is frozen, else copy
+    copy = "copy"  # a frozen deep copy of the whole policy
+    adapters = "adapters"  # the policy's frozen base + the reference's own adapter weights (no copy)
+
+
 class GrowthKind(str, Enum):
     none = "none"
     rank = "rank"
@@ -151,6 +161,9 @@ class HFImpl(str, Enum):
 class PromptStyle(str, Enum):
     compact = "compact"  # short prompt built from the generator's metadata (fits a char-level policy)
     question = "question"  # the generator's full natural-language question
+    # the full question plus an answer-format instruction, rendered through the HF tokenizer's chat
+    # template; the answer is extracted from <answer></answer> tags / "Answer:" / the last number
+    chat = "chat"
 
 
 class Device(str, Enum):
@@ -183,8 +196,18 @@ class ReasoningGymConfig:
     train_seed: int = 1
     val_seed: int = 2
     dataset_size: int = 100_000  # virtual size of the training dataset (indices drawn from it)
+    # Completion budget in tokens (TRL: max_completion_length); null = max_answer_chars + 1 (the
+    # answer and EOS, enough when the policy answers directly). A model that reasons first (chat) needs more.
+    max_completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_completion_tokens is not None:
+            _require(
+                self.max_completion_tokens >= 2,
+                "task.reasoning_gym.max_completion_tokens",
+                self.max_completion_tokens,
+                ">= 2 (or null: max_answer_chars + 1)",
+            )
         _require(len(self.generators) >= 1, "task.reasoning_gym.generators", self.generators, "a non-empty list")
         unknown = set(self.generator_args) - set(self.generators)
         _require(not unknown, "task.reasoning_gym.generator_args", sorted(unknown), f"keys among {self.generators}")
@@ -314,8 +337,14 @@ class AlgoConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     lr_warmup_steps: int = 0  # linear LR warm-up at the start (and after a hard reset)
     adv_eps: float = 1e-6  # added to std in group/batch normalisation
+    # verl's dual-clip PPO (Ye et al. 2020, "Mastering complex control in MOBA games"): for A < 0
+    # the per-token loss is capped at clip_ratio_c * |A|, so one token with a huge ratio cannot
+    # dominate the update. null disables it; verl's default when enabled is 3.0.
+    clip_ratio_c: float | None = None
 
     def __post_init__(self) -> None:
+        if self.clip_ratio_c is not None:
+            _require(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1 (or null to disable)")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
         _require(
             self.group_size >= 2,
@@ -388,7 +417,7 @@ class ResetConfig:
 
 @dataclass
 class OptResetConfig:
-    """What a reset does to AdamW's state (S3). Every kind states its ``step`` policy explicitly.
+    """What a reset does to AdamW's state. Every kind states its ``step`` policy explicitly.
 
     ``rewarmup_steps`` > 0 ramps the LR linearly from lr/N back to lr over N steps after a reset.
     """
@@ -445,8 +474,18 @@ class AdapterConfig:
     alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
     targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
     freeze_base: bool = True
+    # How the reference model is held (variants with a reference): ``adapters`` shares the frozen
+    # base with the policy and keeps only a copy of the adapter weights (TRL disables a PEFT
+    # adapter for the same purpose); trajectories equal the deep copy's bit for bit (tested).
+    reference: AdapterReferenceKind = AdapterReferenceKind.auto
 
     def __post_init__(self) -> None:
+        _require(
+            not (self.reference == AdapterReferenceKind.adapters and not self.freeze_base),
+            "adapter.reference",
+            self.reference.value,
+            "copy or auto when adapter.freeze_base=false (the base trains, so the reference needs its own copy)",
+        )
         _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
         _require(self.alpha > 0, "adapter.alpha", self.alpha, "> 0")
         _require(len(self.targets) > 0, "adapter.targets", self.targets, "a non-empty list of layer names")
@@ -557,6 +596,31 @@ class TrackingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation (every ``eval_every`` steps, at the end, and of the base at step 0).
+
+    ``n_samples`` samples per held-out prompt give unbiased pass@k for every k in ``ks`` (Chen et al.
+    2021) and the per-prompt diversity; ``n_sample_prompts`` prompts are written with all their
+    samples to ``samples.jsonl``; ``batch`` sequences are generated per call (memory vs speed).
+    """
+
+    n_samples: int = 16
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    n_sample_prompts: int = 8
+    batch: int = 512
+    at_start: bool = True  # evaluate the base policy at step 0 (every run carries its own "before")
+
+    def __post_init__(self) -> None:
+        _require(self.n_samples >= 1, "eval.n_samples", self.n_samples, ">= 1")
+        _require(len(self.ks) >= 1, "eval.ks", self.ks, "a non-empty list")
+        bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
+        _require(not bad, "eval.ks", self.ks, f"values in [1, eval.n_samples={self.n_samples}]")
+        _require(len(set(self.ks)) == len(self.ks), "eval.ks", self.ks, "distinct values")
+        _require(self.n_sample_prompts >= 0, "eval.n_sample_prompts", self.n_sample_prompts, ">= 0")
+        _require(self.batch >= 1, "eval.batch", self.batch, ">= 1")
+
+
+@dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     variant: VariantConfig = field(default_factory=VariantConfig)
@@ -573,6 +637,7 @@ class Config:
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     steps: int = 150
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)
@@ -630,6 +695,15 @@ class Config:
                 self.growth.grow_every,
                 "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
             )
+        _warn_step_counter_hazard(self)
+        if self.task.name == TaskName.reasoning_gym:
+            _require(
+                self.task.reasoning_gym.prompt_style != PromptStyle.chat or self.model.kind != ModelKind.native,
+                "task.reasoning_gym.prompt_style",
+                "chat",
+                "compact or question with the native character-level policy (chat templates are an HF "
+                "tokenizer's: use model=hf_causal_lm)",
+            )
         if self.model.kind != ModelKind.native:
             return  # an HF model's context length is checked against its own config when loaded
         max_prompt, max_completion = _task_lengths(self.task)
@@ -638,6 +712,31 @@ class Config:
             "model.max_seq_len",
             self.model.max_seq_len,
             f">= {max_prompt + max_completion + 1} for task {self.task.name.value} with max_len={self.task.max_len}",
+        )
+
+
+FREQUENT_RESETS = 25  # steps: at or below this period the step-counter hazard compounds (measured)
+
+
+class StepCounterHazardWarning(UserWarning):
+    """soft/asym shrinks Adam's v while keeping its step counter, at frequent resets."""
+
+
+def _warn_step_counter_hazard(cfg: Config) -> None:
+    """Scaling Adam's second moment v down while keeping ``step`` removes the bias correction's
+    compensation: each reset multiplies the effective step size, and v recovers only at (1 - beta2)
+    per step. Repeated every <= 25 steps it collapsed learning (success 0.000 vs 0.61-0.70 for hard,
+    3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time."""
+    o, r = cfg.opt_reset, cfg.reset
+    v_scale = o.factor if o.kind == OptResetKind.soft else o.v_factor if o.kind == OptResetKind.asym else 1.0
+    frequent = r.trigger in (ResetTrigger.periodic, ResetTrigger.polyak) and r.every <= FREQUENT_RESETS
+    if cfg.variant.name == VariantName.C and v_scale < 1.0 and o.step == StepPolicy.keep and frequent:
+        warnings.warn(
+            f"opt_reset={o.kind.value} scales Adam's v by {v_scale} with opt_reset.step=keep, and resets come every "
+            f"{r.every} steps: the effective step size ratchets up at each reset (measured: learning collapses). "
+            "Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
+            StepCounterHazardWarning,
+            stacklevel=3,
         )
 
 

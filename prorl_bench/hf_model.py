@@ -50,10 +50,16 @@ class HFTokenizer:
     tokenizers decode a leading space), which is what the verifiers compare.
     """
 
-    def __init__(self, hf_tok: Any) -> None:
+    def __init__(self, hf_tok: Any, chat: bool = False) -> None:
         if hf_tok.eos_token_id is None:
             raise ConfigError("model.path: the tokenizer has no eos_token; allowed: a tokenizer with an EOS token")
+        if chat and not getattr(hf_tok, "chat_template", None):
+            raise ConfigError(
+                "task.reasoning_gym.prompt_style=chat: the tokenizer in model.path has no chat_template; "
+                "allowed here: prompt_style=question|compact, or an instruction-tuned checkpoint"
+            )
         self.hf = hf_tok
+        self.chat = chat
         self.EOS: int = int(hf_tok.eos_token_id)
         self.PAD: int = int(hf_tok.pad_token_id) if hf_tok.pad_token_id is not None else self.EOS
         self.BOS: int | None = int(hf_tok.bos_token_id) if hf_tok.bos_token_id is not None else None
@@ -84,10 +90,21 @@ class HFTokenizer:
             ids = ids[: ids.index(self.EOS)]
         return self.hf.decode(ids, skip_special_tokens=True).strip()
 
+    def chat_ids(self, prompt: str) -> list[int]:
+        """The prompt as one user turn through the chat template, with the assistant's turn opened
+        (``add_generation_prompt``); the template supplies BOS and role markers itself."""
+        text = self.hf.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(self.hf.encode(text, add_special_tokens=False))
+
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-pad prompts (BOS-prefixed if the model has a BOS). ids (B, P) long, mask (B, P) bool."""
-        head = [self.BOS] if self.BOS is not None else []
-        seqs = [head + self.encode(p) for p in prompts]
+        if self.chat:
+            seqs = [self.chat_ids(p) for p in prompts]
+        else:
+            head = [self.BOS] if self.BOS is not None else []
+            seqs = [head + self.encode(p) for p in prompts]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.PAD, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -177,11 +194,12 @@ def fingerprint(path: str | Path) -> dict[str, Any]:
     return {"path": str(p.resolve()), "files": h.hexdigest()[:16]}
 
 
-def load_tokenizer(path: str | Path) -> HFTokenizer:
+def load_tokenizer(path: str | Path, chat: bool = False) -> HFTokenizer:
+    """The checkpoint's tokenizer; ``chat``: prompts go through its chat template."""
     _require_transformers()
     from transformers import AutoTokenizer
 
-    return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+    return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), chat=chat)
 
 
 def _is_llama_family(model: nn.Module) -> bool:

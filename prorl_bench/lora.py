@@ -44,6 +44,9 @@ class LoRALinear(nn.Module):
         self.scaling = alpha / rank
         self.lora_A = nn.Parameter(self._init_rows(rank, base.in_features, base.weight))
         self.lora_B = nn.Parameter(base.weight.new_zeros(base.out_features, rank))
+        # (A, B) to use instead of the parameters: the adapter reference's weights (see
+        # reference.AdapterReference), set only for the duration of a no-grad reference forward
+        self.override: tuple[torch.Tensor, torch.Tensor] | None = None
         if freeze_base:
             base.requires_grad_(False)
 
@@ -60,7 +63,8 @@ class LoRALinear(nn.Module):
         return self.lora_A.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.scaling * ((x @ self.lora_A.t()) @ self.lora_B.t())
+        a, b = (self.lora_A, self.lora_B) if self.override is None else self.override
+        return self.base(x) + self.scaling * ((x @ a.t()) @ b.t())
 
     @torch.no_grad()
     def grown(self, new_rank: int, generator: torch.Generator | None = None) -> tuple[nn.Parameter, nn.Parameter]:
@@ -116,6 +120,11 @@ def adapter_rank(model: nn.Module) -> int:
     return ranks.pop()
 
 
+def growth_generator(seed: int, layer_index: int) -> torch.Generator:
+    """The generator of the new A rows of adapter layer ``layer_index`` (shared by policy and reference)."""
+    return torch.Generator().manual_seed(seed * 100_003 + layer_index)
+
+
 def grow_rank(models: list[nn.Module], new_rank: int, seed: int) -> list[list[GrownParam]]:
     """Grow every adapter of each model in ``models`` to ``new_rank`` with *identical* new rows.
 
@@ -123,13 +132,17 @@ def grow_rank(models: list[nn.Module], new_rank: int, seed: int) -> list[list[Gr
     keeps its function and stays shape-compatible with the policy for later resets.
     Returns, per model, the replaced parameters with the slice of the new tensor the old one occupies.
     """
+    views = [m for m in models if hasattr(m, "grow_adapters")]  # adapter references: no modules of their own
+    models = [m for m in models if not hasattr(m, "grow_adapters")]
+    for v in views:
+        v.grow_adapters(new_rank, seed)
     layers = [lora_layers(m) for m in models]
     names = [[n for n, _ in ls] for ls in layers]
     if any(n != names[0] for n in names):
         raise ValueError("models to grow together have different adapter layouts")
     out: list[list[GrownParam]] = [[] for _ in models]
     for li in range(len(layers[0])):
-        gen = torch.Generator().manual_seed(seed * 100_003 + li)
+        gen = growth_generator(seed, li)
         state = gen.get_state()
         for mi, ls in enumerate(layers):
             layer = ls[li][1]

@@ -1,4 +1,4 @@
-"""Optimizer-state transforms applied at a reference reset (S3), as pure functions on AdamW state.
+"""Optimizer-state transforms applied at a reference reset, as pure functions on AdamW state.
 
 AdamW keeps, per parameter, ``step`` (a scalar tensor), ``exp_avg`` (m) and ``exp_avg_sq`` (v).
 Every transform states what it does to ``step`` because the bias correction depends on it: with

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS, EVENTS, VALIDATION, SUMMARY = "metrics.jsonl", "events.jsonl", "validation.jsonl", "summary.json"
+SAMPLES = "samples.jsonl"  # held-out prompts with every sampled completion, at each evaluation
 RESOLVED_CONFIG = "config_resolved.yaml"
 
 
@@ -45,7 +46,7 @@ class RunWriter:
     def __init__(self, run_dir: Path) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._files = {name: open(self.dir / name, "a") for name in (METRICS, EVENTS, VALIDATION)}
+        self._files = {name: open(self.dir / name, "a") for name in (METRICS, EVENTS, VALIDATION, SAMPLES)}
 
     def _write(self, name: str, row: dict[str, Any]) -> None:
         f = self._files[name]
@@ -60,6 +61,10 @@ class RunWriter:
 
     def validation(self, row: dict[str, Any]) -> None:
         self._write(VALIDATION, row)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._write(SAMPLES, {"step": step, **row})
 
     def summary(self, summary: dict[str, Any]) -> None:
         write_summary(self.dir, summary)

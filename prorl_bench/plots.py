@@ -4,7 +4,15 @@
   seeds of a trailing rolling mean), band = ±1 s.d. over seeds, dashed/dotted verticals at reference
   resets / topology growths (from ``events.jsonl``; group colour, dark grey when groups share a step).
 * ``stage_time.png``: mean wall time per RL step split by stage (ms), one stacked bar per group.
-* ``reference_cost.png``: reference forwards, tokens and milliseconds per RL step per group.
+* ``reference_cost.png``: reference forwards, tokens and milliseconds per RL step per group, and the
+  bytes the reference model holds (B: none; a LoRA adapter reference: the adapters only).
+* ``passk.png``: held-out pass@k against k per group, the base (step 0) dashed and the final policy
+  solid — RL typically raises pass@1 and lowers pass@k at large k.
+* ``difficulty.png``: final held-out success per difficulty label per group.
+* ``post_event.png``: reward around each reset/growth (steps relative to the event), group minus its
+  paired baseline run.
+
+Every band and error bar is the table's interval: the mean ± the 95% Student-t half-width over seeds.
 
 Only runs with logged metrics are drawn (failed-at-start and missing runs have none).
 """
@@ -75,6 +83,111 @@ def stage_frame(sweep: Sweep) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["group", "seed", "stage", "ms"])
 
 
+def t_interval(values) -> tuple[float, float]:
+    """The tables' interval (mean ± 95% Student-t half-width) as a seaborn errorbar."""
+    m, h, n = stats.mean_ci(list(values))
+    if n < 2 or h != h:
+        return m, m
+    return m - h, m + h
+
+
+def passk_frame(sweep: Sweep) -> pd.DataFrame:
+    """Long table: group, seed, which (base | final), k, pass@k — from the step-0 and last validation rows."""
+    rows = []
+    for run in sweep.runs:
+        v = run.validation
+        if run.status != "completed" or v.empty or "step" not in v:
+            continue
+        ks = sorted(int(c.split("@")[1]) for c in v.columns if c.startswith("val/pass@"))
+        picks = [("final", v.iloc[-1])]
+        if (v["step"] == 0).any():
+            picks.append(("base (step 0)", v[v["step"] == 0].iloc[0]))
+        label = group_label(sweep, run)
+        for which, row in picks:
+            for k in ks:
+                rows.append({"group": label, "seed": run.seed, "which": which, "k": k, "pass@k": row[f"val/pass@{k}"]})
+    return pd.DataFrame(rows, columns=["group", "seed", "which", "k", "pass@k"])
+
+
+def plot_passk(sweep: Sweep) -> plt.Figure | None:
+    data = passk_frame(sweep).dropna()
+    if data.empty:
+        return None
+    groups = list(dict.fromkeys(data["group"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    sns.lineplot(
+        data=data, x="k", y="pass@k", hue="group", hue_order=groups, style="which",
+        style_order=["final", "base (step 0)"], palette=_palette(groups), errorbar=t_interval, marker="o", ax=ax,
+    )  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples per prompt)")
+    ax.set_ylabel("held-out pass@k (unbiased estimator)")
+    ax.set_title("pass@k: base (dashed) vs final policy (solid); band: 95% t-interval", fontsize=10)
+    return fig
+
+
+def plot_difficulty(sweep: Sweep) -> plt.Figure | None:
+    rows = []
+    for run in sweep.runs:
+        v = run.validation
+        if run.status != "completed" or v.empty:
+            continue
+        last = v.iloc[-1]
+        for c in v.columns:
+            if c.startswith("val/by_difficulty/") and c.endswith("/success"):
+                rows.append({"group": group_label(sweep, run), "difficulty": c.split("/")[2], "success": last[c]})
+    data = pd.DataFrame(rows).dropna() if rows else pd.DataFrame()
+    if data.empty:
+        return None
+    groups = list(dict.fromkeys(data["group"]))
+    fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
+    sns.barplot(
+        data=data, x="difficulty", y="success", hue="group", hue_order=groups, palette=_palette(groups),
+        errorbar=t_interval, ax=ax, order=sorted(set(data["difficulty"])),
+    )  # fmt: skip
+    ax.set_ylabel("held-out sampled success (final)")
+    ax.set_title("Success per difficulty label (error bars: 95% t-interval over seeds)")
+    return fig
+
+
+def plot_post_event(sweep: Sweep, baseline: str | None, width: int = 10) -> plt.Figure | None:
+    """Reward at steps e-width..e+width around each event, minus the paired baseline run's reward."""
+    from prorl_bench.aggregate import pair_key
+
+    base_runs = {pair_key(r): r for r in sweep.runs if group_label(sweep, r) == baseline and not r.metrics.empty}
+    rows = []
+    for run in sweep.runs:
+        if group_label(sweep, run) == baseline or run.metrics.empty or run.status != "completed":
+            continue
+        ref = base_runs.get(pair_key(run))
+        if ref is None:
+            continue
+        mine = dict(zip(run.metrics["step"].astype(float), run.metrics["reward/mean"]))
+        theirs = dict(zip(ref.metrics["step"].astype(float), ref.metrics["reward/mean"]))
+        for e in run.events:
+            if e.get("event") not in MARKERS:
+                continue
+            for t in range(-width, width + 1):
+                s = float(e["step"]) + t
+                if s in mine and s in theirs:
+                    label = group_label(sweep, run)
+                    rows.append({"group": label, "seed": run.seed, "t": t, "Δ reward": mine[s] - theirs[s]})
+    data = pd.DataFrame(rows)
+    if data.empty:
+        return None
+    data = data.groupby(["group", "seed", "t"], as_index=False)["Δ reward"].mean()  # one value per seed
+    groups = list(dict.fromkeys(data["group"]))
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    sns.lineplot(data=data, x="t", y="Δ reward", hue="group", hue_order=groups, palette=_palette(groups),
+                 errorbar=t_interval, ax=ax)  # fmt: skip
+    ax.axvline(0, color="0.3", ls="--", lw=1)
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xlabel("RL steps relative to a reset / growth")
+    ax.set_ylabel(f"reward − paired {baseline} run")
+    ax.set_title("Around events: group minus its paired baseline run (band: 95% t-interval over seeds)")
+    return fig
+
+
 def _palette(groups: list[str]) -> dict[str, tuple]:
     return dict(zip(groups, sns.color_palette("colorblind", len(groups))))
 
@@ -102,7 +215,7 @@ def plot_curves(sweep: Sweep, window: int = 5) -> plt.Figure:
                 style="group",
                 style_order=order,
                 palette=pal,
-                errorbar="sd",
+                errorbar=t_interval,
                 ax=ax,
             )
         else:
@@ -128,7 +241,7 @@ def plot_curves(sweep: Sweep, window: int = 5) -> plt.Figure:
         axes[0].legend(handles, labels, title="group", fontsize=8, loc="best")
     axes[1].set_xlabel("RL step")
     n_seeds = curves.groupby("group")["seed"].nunique().max() if not curves.empty else 0
-    fig.suptitle(f"Reward and KL to reference per group (band: ±1 s.d. over up to {n_seeds} seeds)")
+    fig.suptitle(f"Reward and KL to reference per group (band: 95% t-interval over up to {n_seeds} seeds)")
     return fig
 
 
@@ -160,9 +273,10 @@ def plot_reference_cost(runs: pd.DataFrame) -> plt.Figure:
         ("ref_fwd_per_step", "reference forwards per RL step (count)"),
         ("ref_tokens_per_step", "reference tokens per RL step"),
         ("ref_ms_per_step", "reference time per RL step (ms)"),
+        ("ref_mb", "reference model memory (MB)"),
     )
     groups = list(dict.fromkeys(data["group"]))
-    fig, axes = plt.subplots(1, 3, figsize=(12, 1.6 + 0.5 * max(1, len(groups))), constrained_layout=True)
+    fig, axes = plt.subplots(1, 4, figsize=(15, 1.6 + 0.5 * max(1, len(groups))), constrained_layout=True)
     for ax, (col, label) in zip(axes, panels):
         sns.barplot(
             data=data,
@@ -171,7 +285,7 @@ def plot_reference_cost(runs: pd.DataFrame) -> plt.Figure:
             hue="group",
             order=groups,
             palette=_palette(groups),
-            errorbar="sd",
+            errorbar=t_interval,
             legend=False,
             ax=ax,
         )
@@ -181,11 +295,13 @@ def plot_reference_cost(runs: pd.DataFrame) -> plt.Figure:
         ax.set_xlim(0, max(1.0, float(data[col].max()) * 1.25) if data[col].notna().any() else 1.0)
         ax.set_ylabel("group" if ax is axes[0] else "")
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("Reference-model cost (bars: mean over runs with metrics; whiskers: ±1 s.d. over seeds)")
+    fig.suptitle("Reference-model cost (bars: mean over runs with metrics; whiskers: 95% t-interval over seeds)")
     return fig
 
 
-def write_figures(sweep: Sweep, runs: pd.DataFrame, out_dir: Path, window: int = 5) -> list[Path]:
+def write_figures(
+    sweep: Sweep, runs: pd.DataFrame, out_dir: Path, window: int = 5, baseline: str | None = None
+) -> list[Path]:
     """Draw all figures into ``out_dir``; returns their paths (none when no run logged a step)."""
     if not (runs["steps_logged"] > 0).any():
         return []
@@ -195,9 +311,14 @@ def write_figures(sweep: Sweep, runs: pd.DataFrame, out_dir: Path, window: int =
         "curves.png": plot_curves(sweep, window),
         "stage_time.png": plot_stage_time(sweep),
         "reference_cost.png": plot_reference_cost(runs),
+        "passk.png": plot_passk(sweep),
+        "difficulty.png": plot_difficulty(sweep),
+        "post_event.png": plot_post_event(sweep, baseline),
     }
     paths = []
     for name, fig in figs.items():
+        if fig is None:  # nothing to draw (no pass@k logged, no events, ...)
+            continue
         path = Path(out_dir) / name
         fig.savefig(path, dpi=DPI)
         plt.close(fig)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from prorl_bench.base import load_or_train_base
-from prorl_bench.config import Config, ConfigError, ModelKind
+from prorl_bench.config import Config, ConfigError, ModelKind, PromptStyle, TaskName
 from prorl_bench.model import TransformerPolicy
 from prorl_bench.tasks import CharTokenizer, Task
 
@@ -25,7 +25,9 @@ def build_tokenizer(cfg: Config):
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import load_tokenizer
 
-        return load_tokenizer(cfg.model.path)
+        rg = cfg.task.reasoning_gym
+        chat = cfg.task.name == TaskName.reasoning_gym and rg.prompt_style == PromptStyle.chat
+        return load_tokenizer(cfg.model.path, chat=chat)
     return CharTokenizer()
 
 

@@ -10,7 +10,11 @@ validation prompt is rejected, so validation is held out by seed *and* by conten
 Prompts: ``compact`` builds a short prompt from the generator's metadata for generators known here
 (``spell_backward``, ``basic_arithmetic``, ``number_sorting``, ``chain_sum``) so a character-level
 policy with a 64-token context can learn it, and falls back to the question text for others;
-``question`` always uses the full question. Whitespace runs become one space; problems with
+``question`` always uses the full question; ``chat`` adds an answer-format instruction
+(``CHAT_INSTRUCTION``), the HF tokenizer renders it through the model's chat template, and the answer
+is extracted from the completion (``extract_answer``) before the package scores it — the format a
+GSM8K-style math task on an instruction-tuned model needs (e.g. ``generators=[gsm_symbolic]``).
+Whitespace runs become one space; problems with
 characters outside printable ASCII or longer than ``max_prompt_chars``/``max_answer_chars`` are
 skipped (the limits are what the completion budget and the config's context check rely on).
 
@@ -65,6 +69,39 @@ COMPACT: dict[str, Callable[[dict[str, Any]], str]] = {
 
 _PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
 
+CHAT_INSTRUCTION = "Give your final answer inside <answer></answer> tags."
+# the chat template's own text (role markers, system prompt) comes on top of the question: allowance in tokens
+CHAT_TEMPLATE_ALLOWANCE = 96
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_answer(
+    completion: str, numeric: bool = False, last_number: bool = False, strict: bool = False
+) -> str | None:
+    """The final answer in a free-form completion: the last ``<answer>…</answer>``, else what follows
+    the last "Answer:" (first line), else — with ``last_number`` and a numeric answer — the last number
+    in the text; else the whole completion, stripped (``strict``: None, i.e. no answer given).
+    Numbers lose thousands separators.
+
+    The task scores with ``strict=True``: reasoning-gym's gsm_symbolic verifier reads the *first*
+    number of whatever it is given, and on a random tiny model (10 steps, 16 held-out prompts) that
+    gave 6-19% held-out "success" from random characters — a reward a policy could farm.
+    """
+    tags = _ANSWER_TAG.findall(completion)
+    if tags:
+        return tags[-1].strip()
+    lines = _ANSWER_LINE.findall(completion)
+    if lines:
+        ans = lines[-1].strip().splitlines()[0].strip().rstrip(".")
+        return ans.replace(",", "") if numeric else ans
+    if numeric and last_number:
+        nums = _NUMBER.findall(completion.replace(",", ""))
+        if nums:
+            return nums[-1]
+    return None if strict else completion.strip()
+
 
 def _import_rg():
     try:
@@ -83,8 +120,11 @@ class ReasoningGymTask:
         self.cfg = cfg
         self.rg_cfg = cfg.reasoning_gym
         self.name = "reasoning_gym:" + "+".join(self.rg_cfg.generators)
+        self.chat = self.rg_cfg.prompt_style == PromptStyle.chat
         self.max_prompt_len = 1 + self.rg_cfg.max_prompt_chars  # + BOS
-        self.max_completion_len = self.rg_cfg.max_answer_chars + 1  # + EOS
+        if self.chat:
+            self.max_prompt_len += len(CHAT_INSTRUCTION) + 1 + CHAT_TEMPLATE_ALLOWANCE
+        self.max_completion_len = self.rg_cfg.max_completion_tokens or self.rg_cfg.max_answer_chars + 1  # + EOS
         self._train: dict[str, Any] | None = None
         self._val: list[Problem] | None = None
         self._val_prompts: set[str] = set()
@@ -105,16 +145,18 @@ class ReasoningGymTask:
             text = COMPACT[name](entry)
         else:
             text = entry["question"]
-        return " ".join(str(text).split())
+        text = " ".join(str(text).split())
+        return f"{text} {CHAT_INSTRUCTION}" if self.chat else text
 
     def _problem(self, name: str, entry: dict[str, Any]) -> RGProblem | None:
         """The entry as a problem, or None if it breaks the length / character limits."""
         prompt, answer = self._prompt(name, entry), str(entry["answer"])
-        if len(prompt) > self.rg_cfg.max_prompt_chars or len(answer) > self.rg_cfg.max_answer_chars:
+        question = prompt[: -len(CHAT_INSTRUCTION) - 1] if self.chat else prompt
+        if len(question) > self.rg_cfg.max_prompt_chars or len(answer) > self.rg_cfg.max_answer_chars:
             return None
         if not (_PRINTABLE.match(prompt) and _PRINTABLE.match(answer)):
             return None
-        return RGProblem(prompt=prompt, target=answer, generator=name, entry=entry)
+        return RGProblem(prompt=prompt, target=answer, difficulty=name, generator=name, entry=entry)
 
     # -- problems
     def val_set(self) -> list[Problem]:
@@ -170,6 +212,12 @@ class ReasoningGymTask:
     def score(self, completion: str, problem: Problem) -> tuple[float, bool]:
         if not isinstance(problem, RGProblem):
             raise TypeError(f"{self.name} scores RGProblem instances, got {type(problem).__name__}")
+        if self.chat:
+            numeric = bool(_NUMBER.fullmatch(problem.target.strip()))
+            answer = extract_answer(completion, numeric=numeric, strict=True)
+            if answer is None:  # no <answer> tags and no "Answer:" line: no answer was given
+                return 0.0, False
+            completion = answer
         reward = float(self._scorer(problem.generator).score_answer(completion, problem.entry))
         return reward, reward >= 1.0
 

@@ -9,16 +9,24 @@ whole point of the A0/A1/A2/B axis:
 * A2  BufferedReference   as A1 into a buffer allocated once and reused every step.
 * B   NoReference         no reference model exists; the KL term is taken against pi_old.
 * C   CachedReference     as A1; resets rewrite the reference weights between steps.
+
+Where the reference *model* comes from is a second, independent choice: a frozen deep copy of the
+policy, or — for a LoRA policy whose base is frozen — ``AdapterReference``: the policy's own frozen
+base with a separate copy of the adapter weights (zero B at the start, so exactly the base; the
+policy's adapters after a reset; an alpha-mix for polyak). It holds adapter-sized tensors only.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from prorl_bench.accounting import StepAccounting
 from prorl_bench.config import VariantName
+from prorl_bench.lora import LoRALinear, growth_generator, lora_layers
 from prorl_bench.rollout import Rollout, chunked_logprobs, token_logprobs
 
 
@@ -26,6 +34,85 @@ def frozen_copy(policy: torch.nn.Module) -> torch.nn.Module:
     ref = copy.deepcopy(policy)
     ref.requires_grad_(False)
     return ref.eval()
+
+
+class AdapterReference(torch.nn.Module):
+    """pi_ref = the policy's frozen base + the reference's own adapter weights; no model copy.
+
+    Valid only when every non-adapter parameter of the policy is frozen: the base is then shared
+    by policy and reference, and they differ by the adapters alone (TRL gets pi_ref by disabling a
+    PEFT adapter; this also covers the reference after a reset, whose adapters are not zero).
+    A forward runs the *policy* module with each LoRA layer's ``override`` set to the reference's
+    (A, B) — the same operations on the same values as a deep copy, so logprobs agree bit for bit.
+    Its ``state_dict`` holds the adapter tensors only (what a checkpoint must keep).
+    """
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        trainable = [n for n, p in policy.named_parameters() if p.requires_grad and "lora_" not in n]
+        if trainable:
+            raise ValueError(
+                f"an adapter reference needs a frozen base, but {trainable[:3]} are trainable "
+                "(adapter.freeze_base=false): use adapter.reference=copy"
+            )
+        layers = lora_layers(policy)
+        if not layers:
+            raise ValueError("an adapter reference needs LoRA layers on the policy (adapter=lora)")
+        object.__setattr__(self, "_policy", policy)  # not a submodule: the base weights are not ours
+        self._names = [name for name, _ in layers]
+        for i, (_, layer) in enumerate(layers):
+            self.register_buffer(f"A{i}", layer.lora_A.detach().clone())
+            self.register_buffer(f"B{i}", layer.lora_B.detach().clone())
+        self.flops_per_token = policy.flops_per_token
+
+    def _pairs(self) -> list[tuple[LoRALinear, torch.Tensor, torch.Tensor]]:
+        layers = dict(lora_layers(self._policy))
+        return [(layers[n], getattr(self, f"A{i}"), getattr(self, f"B{i}")) for i, n in enumerate(self._names)]
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        pol = self._policy
+        was_training = pol.training
+        pairs = self._pairs()
+        pol.eval()  # as a frozen copy is
+        for layer, a, b in pairs:
+            layer.override = (a, b)
+        try:
+            yield
+        finally:
+            for layer, _, _ in pairs:
+                layer.override = None
+            pol.train(was_training)
+
+    def forward(self, *args, **kwargs):
+        with self._active():
+            return self._policy(*args, **kwargs)
+
+    @torch.no_grad()
+    def reset_from(self, policy: torch.nn.Module, alpha: float = 1.0) -> None:
+        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref on the adapters (the base is shared)."""
+        if policy is not self._policy:
+            raise ValueError("an adapter reference can only be reset from the policy it belongs to")
+        for layer, a, b in self._pairs():
+            for ref_t, pol_t in ((a, layer.lora_A), (b, layer.lora_B)):
+                if ref_t.shape != pol_t.shape:
+                    raise ValueError(f"reference adapter {tuple(ref_t.shape)} != policy {tuple(pol_t.shape)}")
+                if alpha == 1.0:
+                    ref_t.copy_(pol_t)
+                else:
+                    ref_t.mul_(1.0 - alpha).add_(pol_t, alpha=alpha)
+
+    @torch.no_grad()
+    def grow_adapters(self, new_rank: int, seed: int) -> None:
+        """Grow to ``new_rank`` with the new A rows ``lora.grow_rank`` gives the policy and zero B
+        columns: the reference keeps its function and stays reset-compatible."""
+        for li, (_, a, b) in enumerate(self._pairs()):
+            r = a.shape[0]
+            if new_rank <= r:
+                raise ValueError(f"new rank {new_rank} must exceed the current rank {r}")
+            extra = LoRALinear._init_rows(new_rank - r, a.shape[1], a, growth_generator(seed, li))
+            setattr(self, f"A{li}", torch.cat([a, extra], dim=0))
+            setattr(self, f"B{li}", torch.cat([b, b.new_zeros(b.shape[0], new_rank - r)], dim=1))
 
 
 class Reference:
@@ -120,12 +207,17 @@ def build_reference(
     max_batch: int,
     max_len: int,
     device: torch.device,
+    adapter_reference: bool = False,
 ) -> Reference:
-    """The variant's reference strategy; for B no model copy is made at all."""
+    """The variant's reference strategy; for B no model copy is made at all.
+
+    ``adapter_reference``: the reference model is an ``AdapterReference`` (frozen base + its own
+    adapter weights) instead of a deep copy of the policy.
+    """
     kw = dict(temperature=temperature, banned=banned, chunk=chunk, flops_per_token=policy.flops_per_token)
     if variant == VariantName.B:
         return NoReference(**kw)
-    model = frozen_copy(policy)
+    model = AdapterReference(policy) if adapter_reference else frozen_copy(policy)
     if variant == VariantName.A0:
         return RecomputeReference(model, **kw)
     if variant == VariantName.A2:

@@ -1,4 +1,4 @@
-"""Reference resets (S1): when to reset (triggers) and what a reset does to pi_ref.
+"""Reference resets: when to reset (triggers) and what a reset does to pi_ref.
 
 Triggers are small state machines fed one step at a time (``observe_step``) and one held-out
 evaluation at a time (``observe_validation``); ``due(step)`` returns the reason for a reset or None.
@@ -95,7 +95,11 @@ def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float 
     """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter (alpha=1: a copy).
 
     Buffers are copied. Parameter names and shapes must match exactly (fails loudly otherwise).
+    A reference that is not a copy of the policy (``reference.AdapterReference``) resets itself.
     """
+    if hasattr(ref, "reset_from"):
+        ref.reset_from(policy, alpha)
+        return
     ref_params = dict(ref.named_parameters())
     pol_params = dict(policy.named_parameters())
     if ref_params.keys() != pol_params.keys():
@@ -105,33 +109,11 @@ def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float 
         r = ref_params[name]
         if r.shape != p.shape:
             raise ValueError(f"reference parameter {name} has shape {tuple(r.shape)}, policy {tuple(p.shape)}")
-        if alpha == 1.0:
+        if alpha == 1.0 or not p.requires_grad:
+            # a frozen parameter equals its reference copy: mixing would only add rounding
+            # (0.4 w + 0.6 w != w in floats), so the frozen base is copied exactly
             r.copy_(p)
         else:
             r.mul_(1.0 - alpha).add_(p, alpha=alpha)
     for b_ref, b_pol in zip(ref.buffers(), policy.buffers()):
         b_ref.copy_(b_pol)
-
-
-def recovery_steps(rewards: list[float], reset_steps: list[int], window: int = 5) -> list[int | None]:
-    """Steps after each reset until reward returns to its pre-reset level.
-
-    rewards[i] is the reward of step i+1. The pre-reset level is the mean reward over the ``window``
-    steps up to and including the reset step s; recovery is the first step t > s whose trailing
-    ``window``-step mean is >= that level, reported as t - s. None if it never recovers (censored).
-    """
-    out: list[int | None] = []
-    for s in reset_steps:
-        before = rewards[max(0, s - window) : s]
-        if not before:
-            out.append(None)
-            continue
-        level = sum(before) / len(before)
-        found = None
-        for t in range(s + 1, len(rewards) + 1):
-            trail = rewards[max(s, t - window) : t]  # only post-reset steps count
-            if sum(trail) / len(trail) >= level:
-                found = t - s
-                break
-        out.append(found)
-    return out

@@ -1,86 +1,30 @@
-"""Pure statistics for sweep aggregation: Student-t confidence intervals and curve summaries.
+"""Pure statistics for sweep aggregation: intervals, paired comparisons, curve summaries.
 
 No I/O and no pandas here: every function takes plain sequences so it can be tested on numbers
-worked out by hand. Units follow the inputs (steps are RL steps, times are seconds, rewards are the
-task's reward units); each function says what it returns.
+worked out by hand. Distributions and resampling come from ``scipy.stats`` (``t``, ``bootstrap``,
+``permutation_test``, ``ttest_ind``). Units follow the inputs (steps are RL steps, times are seconds,
+rewards are the task's reward units); each function says what it returns.
+
+Why paired: runs that share a seed share the base policy and the prompt stream, so arms of one
+sweep are paired by design (their trajectories are bit-identical until they first differ). The
+per-seed difference removes the seed-to-seed variance an unpaired interval carries; with n seeds the
+exact sign-flip test cannot go below p = 2 / 2^n (0.25 at n = 3), so studies need >= 6-8 seeds.
+Agarwal et al. 2021 ("Deep RL at the edge of the statistical precipice") is the reference for
+honest aggregate reporting.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
 
 NAN = float("nan")
-
-
-# --------------------------------------------------------------------------- Student t
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction for the regularized incomplete beta (modified Lentz's method)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            return h
-    raise ArithmeticError(f"incomplete beta did not converge for a={a}, b={b}, x={x}")
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function I_x(a, b) for a, b > 0 and x in [0, 1]."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"betainc: x={x} outside [0, 1]")
-    if x in (0.0, 1.0):
-        return x
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t distribution with ``df`` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"t_cdf: df={df} must be > 0")
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Quantile (inverse CDF) of Student's t, by bisection on ``t_cdf`` to ~1e-12."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile: p={p} outside (0, 1)")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+LEVEL = 0.95  # every interval in tables and figures
+BOOTSTRAP_RESAMPLES = 10_000
 
 
 def finite(values: Sequence[float | None]) -> list[float]:
@@ -102,7 +46,7 @@ def mean_ci(values: Sequence[float | None], level: float = 0.95) -> tuple[float,
     if n == 1:
         return m, NAN, 1
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n), n
+    return m, float(sps.t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n), n
 
 
 # --------------------------------------------------------------------------- curves
@@ -166,30 +110,109 @@ def time_at_step(steps: Sequence[float], step_times: Sequence[float | None], ste
     return sum(t for s, t in zip(steps, step_times) if s <= step and t is not None and math.isfinite(t))
 
 
-def recovery_steps(
-    steps: Sequence[float], values: Sequence[float | None], event_steps: Sequence[float], window: int = 5
-) -> list[float]:
-    """Steps each event (e.g. a reference reset) took to regain the pre-event level.
+# --------------------------------------------------------------------------- comparisons
 
-    For an event at step e, the pre-event level is the mean of ``values`` at the last ``window``
-    steps <= e; recovery is the first step s > e at which the mean of the post-event values over the
-    last ``window`` steps up to s (never reaching back before e) is back at that level, reported as
-    s - e (RL steps). nan when it never recovers or there is no pre-event data.
+
+@dataclass(frozen=True)
+class Comparison:
+    """A difference (group - baseline) with its interval, p-value and how it was computed.
+
+    ``paired``: per-seed differences (bootstrap CI of their mean, exact sign-flip p); otherwise
+    Welch's unequal-variance t test and interval. ``p_holm`` is filled in by ``holm`` across a table.
     """
-    pts = [(float(s), v) for s, v in zip(steps, values)]
-    out = []
-    for e in event_steps:
-        before = finite([v for s, v in pts if s <= e][-window:])
-        if not before:
-            out.append(NAN)
-            continue
-        level = sum(before) / len(before)
-        after = [(s, v) for s, v in pts if s > e]
-        rec = NAN
-        for i, (s, _) in enumerate(after):
-            xs = finite([v for _, v in after[max(0, i - window + 1) : i + 1]])
-            if xs and sum(xs) / len(xs) >= level:
-                rec = s - e
-                break
-        out.append(rec)
+
+    diff: float
+    lo: float
+    hi: float
+    p: float
+    n: int
+    paired: bool
+    p_holm: float = NAN
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Two-sided p-value of the paired sign-flip (permutation) test of mean(diffs) = 0.
+
+    Exact: all 2^n sign assignments are enumerated (scipy's ``permutation_test`` does so when
+    2^n <= its resample count, i.e. n <= 13). All-zero differences give p = 1.
+    """
+    d = np.asarray(finite(diffs), dtype=float)
+    if len(d) == 0:
+        return NAN
+    if not np.any(d) or len(d) == 1:  # one pair: both sign assignments are as extreme
+        return 1.0
+    res = sps.permutation_test(
+        (d,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=2**13
+    )
+    return float(res.pvalue)
+
+
+def bootstrap_ci(values: Sequence[float], level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (``scipy.stats.bootstrap``, 10 000 resamples,
+    fixed seed so tables are reproducible). Percentile rather than BCa: BCa's acceleration is
+    undefined for the tiny, often tied samples (3-8 seeds) a sweep gives. n < 2: (nan, nan);
+    all values equal: that value twice."""
+    x = np.asarray(finite(values), dtype=float)
+    if len(x) < 2:
+        return NAN, NAN
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    res = sps.bootstrap(
+        (x,), np.mean, confidence_level=level, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+        random_state=np.random.default_rng(seed),
+    )  # fmt: skip
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def paired_comparison(group: Sequence[float], baseline: Sequence[float], level: float = LEVEL) -> Comparison:
+    """Paired difference of two equally long sequences aligned by seed (pairs with a non-finite
+    member are dropped): mean difference, bootstrap CI, exact sign-flip p."""
+    if len(group) != len(baseline):
+        raise ValueError(f"paired_comparison: {len(group)} values vs {len(baseline)} baseline values")
+    diffs = [
+        float(a) - float(b)
+        for a, b in zip(group, baseline)
+        if a is not None and b is not None and math.isfinite(float(a)) and math.isfinite(float(b))
+    ]
+    if not diffs:
+        return Comparison(NAN, NAN, NAN, NAN, 0, True)
+    lo, hi = bootstrap_ci(diffs, level)
+    return Comparison(sum(diffs) / len(diffs), lo, hi, sign_flip_p(diffs), len(diffs), True)
+
+
+def welch_comparison(group: Sequence[float], baseline: Sequence[float], level: float = LEVEL) -> Comparison:
+    """Unpaired difference of means: Welch's t interval and two-sided p (``scipy.stats.ttest_ind``)."""
+    a, b = np.asarray(finite(group), dtype=float), np.asarray(finite(baseline), dtype=float)
+    n = min(len(a), len(b))
+    if len(a) == 0 or len(b) == 0:
+        return Comparison(NAN, NAN, NAN, NAN, 0, False)
+    diff = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return Comparison(diff, NAN, NAN, NAN, n, False)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return Comparison(diff, diff, diff, 1.0 if diff == 0 else 0.0, n, False)
+    res = sps.ttest_ind(a, b, equal_var=False)
+    ci = res.confidence_interval(confidence_level=level)
+    return Comparison(diff, float(ci.low), float(ci.high), float(res.pvalue), n, False)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni step-down adjusted p-values (family-wise error control), NaNs kept in place.
+
+    Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    """
+    idx = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
+    m = len(idx)
+    out = [NAN] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
     return out
+
+
+def window_mean(steps: Sequence[float], values: Sequence[float | None], start: float, end: float) -> float:
+    """Mean of the finite values at steps in (start, end] (nan if none)."""
+    xs = finite([v for s, v in zip(steps, values) if start < s <= end])
+    return sum(xs) / len(xs) if xs else NAN

@@ -49,6 +49,8 @@ class RunRecord:
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: list[dict[str, Any]] = field(default_factory=list)
     validation: pd.DataFrame = field(default_factory=pd.DataFrame)
+    config: dict[str, Any] = field(default_factory=dict)  # config_resolved.yaml, flattened ("algo.lr": 0.001)
+    group: str = ""  # set by the aggregator when a label alone would pool runs whose settings differ
 
     @property
     def seed(self) -> str:
@@ -134,7 +136,29 @@ def load_run(run_dir: Path) -> RunRecord:
         error = f"no {SUMMARY}: stopped {where} (killed, timed out, or still running)"
         if not (run_dir / RESOLVED_CONFIG).is_file() and metrics.empty:
             error = f"no {SUMMARY} and no {RESOLVED_CONFIG}: the job died before the task function ran"
-    return RunRecord(run_dir, overrides, status, error, summary, metrics, events, validation)
+    config = _flat_config(run_dir / RESOLVED_CONFIG)
+    return RunRecord(run_dir, overrides, status, error, summary, metrics, events, validation, config)
+
+
+def _flat_config(path: Path) -> dict[str, Any]:
+    """The resolved config as flat dotted keys (safe YAML loading); {} when the file is absent."""
+    if not path.is_file():
+        return {}
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SweepDirError(f"{path}: not valid YAML ({e})") from e
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = json.dumps(node, sort_keys=True) if isinstance(node, list) else node
+
+    walk(tree, "")
+    return out
 
 
 def expected_jobs(sweep_dir: Path) -> list[dict[str, str]] | None:

@@ -76,8 +76,11 @@ class CharTokenizer:
 
 @dataclass(frozen=True)
 class Problem:
+    """A prompt, its target, and a difficulty label validation reports by (e.g. "len4")."""
+
     prompt: str
     target: str
+    difficulty: str = ""
 
 
 def exact_reward(completion: str, target: str) -> float:
@@ -117,7 +120,7 @@ class Task:
     def _problem(self, rng: random.Random) -> Problem:
         n = rng.randint(self.cfg.min_len, self.cfg.max_len)
         x, target = self._make_input(rng, n)
-        return Problem(prompt=f"{self._tag}{x}=", target=target)
+        return Problem(prompt=f"{self._tag}{x}=", target=target, difficulty=f"len{n}")
 
     def is_val(self, problem: Problem) -> bool:
         return (zlib.crc32(problem.prompt.encode()) % 10_000) < self.cfg.val_fraction * 10_000

@@ -17,6 +17,13 @@ from pathlib import Path
 
 SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
 
+# A minimal chat template in the usual shape (role markers, generation prompt), for tests of
+# prompt_style=chat; real instruction-tuned checkpoints ship their own.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
+
 
 def char_wordpiece_tokenizer(with_pad: bool = True):
     """A ``PreTrainedTokenizerFast`` over printable ASCII. ``with_pad=False`` mimics LLaMA-style
@@ -46,6 +53,7 @@ def build_tiny_llama(
     max_position_embeddings: int = 256,
     with_pad: bool = True,
     seed: int = 0,
+    chat_template: bool = False,
 ) -> Path:
     """Save a randomly initialised ``LlamaForCausalLM`` + tokenizer to ``path``; return the path.
 
@@ -55,6 +63,8 @@ def build_tiny_llama(
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = char_wordpiece_tokenizer(with_pad=with_pad)
+    if chat_template:
+        tok.chat_template = CHAT_TEMPLATE
     cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden_size,
@@ -85,5 +95,14 @@ if __name__ == "__main__":  # python -m prorl_bench.tiny_hf OUT_DIR [--no-pad]
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--no-pad", action="store_true", help="ship no pad token (the bench then pads with EOS)")
+    ap.add_argument("--chat-template", action="store_true", help="give the tokenizer a minimal chat template")
     args = ap.parse_args()
-    print(build_tiny_llama(args.out, hidden_size=args.hidden, n_layers=args.layers, with_pad=not args.no_pad))
+    print(
+        build_tiny_llama(
+            args.out,
+            hidden_size=args.hidden,
+            n_layers=args.layers,
+            with_pad=not args.no_pad,
+            chat_template=args.chat_template,
+        )
+    )

@@ -11,6 +11,7 @@ import math
 import random
 import signal
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from prorl_bench.advantages import compute_advantages, informative_groups
 from prorl_bench.checkpoint import config_dict, load_latest, restore_rng, rng_state, save_checkpoint, truncate_logs
 from prorl_bench.config import (
     AdapterKind,
+    AdapterReferenceKind,
     Config,
     ConfigError,
     Device,
@@ -33,18 +35,19 @@ from prorl_bench.config import (
     LossAgg,
     OptResetKind,
     ResetTrigger,
+    VariantName,
 )
-from prorl_bench.evaluation import completions, evaluate, score
+from prorl_bench.evaluation import completions, score, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.kl_control import KLController
 from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
-from prorl_bench.losses import aggregate, clipped_surrogate
+from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.policies import build_tokenizer, load_base_policy
-from prorl_bench.reference import build_reference
-from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
+from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
+from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.sinks import open_writer
@@ -106,8 +109,12 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         max_batch=batch_size,
         max_len=task.max_completion_len,
         device=device,
+        adapter_reference=uses_adapter_reference(cfg),
     )
     optimizer = build_optimizer(policy, a)
+    base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
+    if cfg.variant.name == VariantName.C:
+        base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
     schedule = LRSchedule(a.lr, a.lr_warmup_steps)
     kl_ctl = KLController(a.beta, cfg.kl_ctl)
     resets = ResetSchedule(cfg.reset)
@@ -160,6 +167,23 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         )
     else:
         out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+
+    def run_validation(step: int) -> dict[str, Any]:
+        """Validate on the held-out set with a generator of its own (training RNG untouched)."""
+        vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+        e = cfg.eval
+        v, samples = validate(
+            policy, task, tok, val_problems, temperature=a.temperature, banned=banned, generator=vgen,
+            device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
+        )  # fmt: skip
+        v = {"step": step, **v}
+        out.validation(v)
+        out.samples(step, samples)
+        val_rows.append(v)
+        return v
+
+    if ckpt is None and cfg.eval.at_start:
+        run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
     preempt = PreemptionFlag()
     bar = _progress_bar(cfg.steps, start - 1) if progress else None
 
@@ -193,13 +217,13 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             reward_list, success_list = score(task, texts, problems)
             rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
 
-        # 3. old-policy logprobs (S2): a no-grad teacher-forced pass, recomputed every rollout
+        # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
         with acct.stage("old_logprob"), autocast:
             logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
             _count_policy_forward(acct, policy, batch, backward=False)
         finite = guard.ok(logp_old, step, "old_logprob", "logp_old")
 
-        # 4. reference logprobs (S4): A1/A2/C compute them here once; A0 later per minibatch; B never
+        # 4. reference logprobs (a per-rollout cache): A1/A2/C compute them here once; A0 later per minibatch; B never
         with acct.stage("ref_logprob"), autocast:
             ref.prepare(batch, acct)
 
@@ -224,6 +248,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
             k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
         }
         n_mb = 0
+        diag_agg = diagnostic_agg(a.loss_agg)
         ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
         params_before = [p.detach().clone() for p in policy.parameters()]
         with acct.stage("update"), autocast:
@@ -239,7 +264,7 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                     if epoch == 0 and logp_ref is not None:
                         ref_rows[idx] = logp_ref
                     pg_tok, clipped = clipped_surrogate(
-                        logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp
+                        logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp, a.clip_ratio_c
                     )
                     pg = aggregate(pg_tok, mb_mask, a.loss_agg)
                     kl_loss = torch.zeros((), device=device)
@@ -267,9 +292,9 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
                         ("loss/pg", pg),
                         ("loss/kl", kl_loss),
                         ("entropy", ent),
-                        ("clip_frac", aggregate(clipped.float(), mb_mask, a.loss_agg)),
+                        ("clip_frac", aggregate(clipped.float(), mb_mask, diagnostic_agg(a.loss_agg))),
                         ("grad_norm", grad_norm),
-                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, a.loss_agg)),
+                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, diag_agg)),
                     ):
                         sums[key] = sums[key] + val.detach()
 
@@ -280,6 +305,10 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row["success_rate"] = sum(success_list) / len(success_list)
         row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
         row.update(_reference_kl(cfg, ref.model is not None, logp_old, ref_rows, mask, rows))
+        # KL to the initial base: the reference itself until a reset moves it (A0/A1/A2 never reset);
+        # after C's first reset it is measured at regular validation steps; B keeps no second model
+        reference_is_base = ref.model is not None and not any(r["reset"] for r in history)
+        row["kl/base"] = row["kl/ref"] if reference_is_base else float("nan")
         row["kl/beta"] = beta
         row["lr"] = optimizer.param_groups[0]["lr"]
         row["update_norm"] = _update_norm(params_before, policy)
@@ -287,17 +316,21 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row["ds/kept_frac"] = len(rows) / len(batch)
         row["guard/skipped"] = guard.skipped
 
-        # 7. held-out validation (feeds the stall trigger)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
-            v = {"step": step, **evaluate(policy, task, tok, val_problems, a.temperature, vgen, device)}
-            out.validation(v)
-            val_rows.append(v)
+        # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
+        # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
+        # finished run (steps 35 -> 60) would change its trajectory.
+        regular = step % cfg.eval_every == 0
+        if regular or step == cfg.steps:
+            with acct.stage("eval"):
+                v = run_validation(step)
+                if base_model is not None and regular and not reference_is_base:
+                    row["kl/base"] = _kl_to(cfg, base_model, policy, batch, logp_old, rows, banned, mb_size)
+        if regular:
             resets.observe_validation(v[cfg.reset.metric.value])
             if growth is not None:
                 growth.observe_validation(v[cfg.reset.metric.value])
 
-        # 8. reference reset at the step boundary (variant C): S1 reference, S3 optimizer state
+        # 8. reference reset at the step boundary (variant C): the reference weights, then the optimizer state
         resets.observe_step(step, None if ref.model is None else row["kl/ref"])
         reason = resets.due(step) if ref.model is not None else None
         row["reset"] = int(reason is not None)
@@ -322,6 +355,8 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         row.update(acct.row(len(batch), n_gen, peak))
         out.metrics(row)
         history.append(row)
+        if step == NO_SIGNAL_STEPS:
+            _warn_if_no_signal(cfg, history, out)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(
@@ -364,21 +399,46 @@ def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progre
         bar.close()
     summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
     reset_at = [r["step"] for r in history if r["reset"]]
-    recov = recovery_steps([r["reward/mean"] for r in history], reset_at)
-    done = [x for x in recov if x is not None]
-    summary.update(
-        {
-            "resets": len(reset_at),
-            "reset_steps": reset_at,
-            "recovery/steps": recov,
-            "recovery/mean_steps": sum(done) / len(done) if done else None,
-            "recovery/unrecovered": len(recov) - len(done),
-        }
-    )
+    summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
     out.event(cfg.steps, "end", "completed")
     out.summary(summary)
     out.close()
     return summary
+
+
+NO_SIGNAL_STEPS = 10  # after this many steps of reward 0 on every sample, say so
+
+
+def _warn_if_no_signal(cfg: Config, history: list[dict[str, Any]], out) -> None:
+    """A policy that never earns reward gives GRPO no signal (every advantage is 0): the run would
+    finish "completed" having learned nothing. Say so once, on stderr and as an event."""
+    if any(r["reward/mean"] != 0.0 for r in history[:NO_SIGNAL_STEPS]):
+        return
+    from prorl_bench.policies import warmup_enabled
+
+    hint = (
+        "the supervised warm-up is off (warmup.enabled=true trains a base that sometimes succeeds)"
+        if not warmup_enabled(cfg)
+        else "try an easier task setting, a lower warmup.target_success threshold or a stronger checkpoint"
+    )
+    msg = (
+        f"reward was 0 on every sample of the first {NO_SIGNAL_STEPS} steps: the policy never succeeds, "
+        f"so every advantage is 0 and nothing is learned; {hint}"
+    )
+    warnings.warn(msg, stacklevel=2)
+    out.event(NO_SIGNAL_STEPS, "warning", "no_reward_signal", message=msg)
+
+
+@torch.no_grad()
+def _kl_to(cfg: Config, other: torch.nn.Module, policy, batch, logp_old, rows, banned, chunk) -> float:
+    """KL of the behaviour policy to ``other`` on this step's rollout: the configured estimator and
+    aggregation over the updated rows, as kl/ref is (NaN when no row was updated)."""
+    if len(rows) == 0:
+        return float("nan")
+    logp_other = chunked_logprobs(other, batch, cfg.algo.temperature, banned, chunk)
+    k = cfg.kl_estimator
+    kl_tok = kl_per_token(k.name, logp_old[rows], logp_other[rows], k.log_ratio_clamp, k.kl_clamp)
+    return float(aggregate(kl_tok, batch.completion_mask[rows], diagnostic_agg(cfg.algo.loss_agg)))
 
 
 def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk) -> dict[str, Any]:
@@ -422,6 +482,14 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
         "next_lr": schedule.lr(step + 1),
         "beta_after": kl_ctl.value,
     }
+
+
+def uses_adapter_reference(cfg: Config) -> bool:
+    """True when the reference is the frozen base + its own adapters (no deep copy of the policy)."""
+    d = cfg.adapter
+    if d.kind != AdapterKind.lora:
+        return False
+    return d.reference == AdapterReferenceKind.adapters or (d.reference == AdapterReferenceKind.auto and d.freeze_base)
 
 
 def build_optimizer(policy: torch.nn.Module, a) -> torch.optim.AdamW:
@@ -485,7 +553,7 @@ def _reference_kl(
         return {"kl/ref": float("nan"), "kl/ref_k1": float("nan"), "kl/k2_ref_over_old": float("nan")}
     k = cfg.kl_estimator
     lo, lr, m = logp_old[rows], logp_ref[rows], mask[rows]
-    agg = cfg.algo.loss_agg
+    agg = diagnostic_agg(cfg.algo.loss_agg)
     return {
         "kl/ref": float(aggregate(kl_per_token(k.name, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
         "kl/ref_k1": float(aggregate(kl_per_token(KLName.k1, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
@@ -536,6 +604,20 @@ def summarize(
         "perf/flops_per_s": totals["perf/flops"] / step_time,
         "base": base_info,
     }
+
+
+def memory_figures(reference: torch.nn.Module | None, device: torch.device) -> dict[str, float]:
+    """``mem/reference_mb``: bytes the reference model holds itself (0 for B; the adapter copies for
+    an adapter reference); ``mem/peak_rss_mb``: the process's peak resident memory (ru_maxrss — in a
+    sweep worker that ran several jobs, the peak of all of them); ``mem/cuda_max_allocated_mb`` on GPU."""
+    import resource
+
+    held = 0 if reference is None else sum(t.numel() * t.element_size() for t in reference.state_dict().values())
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    out = {"mem/reference_mb": held / 2**20, "mem/peak_rss_mb": peak_rss}
+    if device.type == "cuda":
+        out["mem/cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
 
 
 def _fmt(x: float) -> str:

@@ -17,13 +17,14 @@ def write_run(
     validation: list[dict[str, Any]] | None = None,
     summary: dict[str, Any] | None = None,
     resolved: bool = True,
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """One job directory laid out as Hydra + prorl-bench write it (files omitted when None)."""
     run = sweep_dir / ",".join(sorted(o.lstrip("+") for o in overrides))
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     if resolved:
-        (run / "config_resolved.yaml").write_text("seed: 0\n")
+        (run / "config_resolved.yaml").write_text(yaml.safe_dump(config if config is not None else {"seed": 0}))
     for name, rows in (("metrics.jsonl", metrics), ("events.jsonl", events), ("validation.jsonl", validation)):
         if rows is not None:
             (run / name).write_text("".join(json.dumps(r) + "\n" for r in rows))

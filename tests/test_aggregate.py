@@ -13,6 +13,8 @@ from prorl_bench.sweepdir import SweepDirError, load_sweep
 
 from .sweep_factory import metric_rows, write_multirun_yaml, write_run
 
+OK = {"status": "completed"}
+
 T975_DF2 = 4.3026527  # Student t, 97.5% quantile, 2 degrees of freedom
 
 
@@ -123,32 +125,30 @@ def test_several_varied_keys_make_readable_labels(tmp_path):
     assert list(res.groups.columns[:3]) == ["group", "kl_estimator", "algo.beta"]
 
 
-def test_resets_growth_and_reported_recovery(tmp_path):
+def test_post_event_windows(tmp_path):
     rewards = [0.8] * 4 + [0.2, 0.5, 0.9, 0.9]
     events = [
         {"step": 0, "event": "start", "reason": "run"},
-        {"step": 4, "event": "reset", "reason": "periodic"},
+        {"step": 4, "event": "reset", "reason": "periodic", "v_norm_before": 2.0, "v_norm_after": 0.5},
         {"step": 6, "event": "growth", "reason": "schedule"},
     ]
-    write_run(
-        tmp_path,
-        ["variant=C", "seed=0"],
-        metrics=metric_rows(rewards),
-        events=events,
-        summary={"status": "completed", "recovery/mean_steps": 2.5, "recovery/unrecovered": 0},
-    )
-    write_run(
-        tmp_path,
-        ["variant=A1", "seed=0"],
-        metrics=metric_rows(rewards),
-        summary={"status": "completed", "recovery/mean_steps": None, "recovery/unrecovered": 3},
-    )
+    write_run(tmp_path, ["variant=C", "seed=0"], metrics=metric_rows(rewards), events=events, summary=OK)
+    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.8] * 8), summary=OK)
     res = agg.aggregate(tmp_path, window=1, figures=False)
     c, a1 = _group(res, "C"), _group(res, "A1")
     assert c["n_resets_mean"] == 1 and c["n_growths_mean"] == 1
-    assert c["recovery_steps_mean"] == 3.0  # back to 0.8 at step 7
-    assert c["recovery_reported_mean"] == 2.5
-    assert a1["n_resets_mean"] == 0 and math.isnan(a1["recovery_reported_mean"])  # null tolerated
+    assert c["post_reward_mean"] == pytest.approx((0.2 + 0.9) / 2)  # steps 5 and 7 (W=1)
+    assert c["v_norm_ratio_mean"] == 0.25
+    assert a1["n_resets_mean"] == 0 and math.isnan(a1["post_reward_mean"])  # no events, no window
+    cmp = res_comparisons(res)
+    # the default window (5): reset at 4 -> steps 5-8 minus A1's 0.8; growth at 6 -> steps 7-8
+    expected = ((0.2 + 0.5 + 0.9 + 0.9) / 4 - 0.8 + 0.9 - 0.8) / 2
+    assert cmp[("C", "post_reward_vs_baseline")]["diff"] == pytest.approx(expected)
+
+
+def res_comparisons(res) -> dict:
+    table = pd.read_csv(res.out_dir / "comparisons.csv")
+    return {(r["group"], r["metric"]): r for _, r in table.iterrows()}
 
 
 def test_cli_writes_tables_and_figures(sweep_dir, capsys):
@@ -191,3 +191,75 @@ def test_callback_records_sweep_dir_and_prints_table(sweep_dir, tmp_path, monkey
     assert marker.read_text() == str(sweep_dir.resolve())
     cb.on_multirun_end(cfg)
     assert "| A1 | 3/3 ok |" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ paired comparisons, no silent pooling
+
+BASE_CFG = {"task": {"name": "reverse_digits", "min_len": 3}, "algo": {"group_size": 8, "lr": 0.001}, "steps": 100}
+
+
+def _cfg(seed, **changes):
+    cfg = {**BASE_CFG, "seed": seed, "algo": {**BASE_CFG["algo"]}, "task": {**BASE_CFG["task"]}}
+    for key, value in changes.items():
+        top, _, sub = key.partition("__")
+        if sub:
+            cfg[top][sub] = value
+        else:
+            cfg[top] = value
+    return cfg
+
+
+def test_paired_difference_finds_what_an_unpaired_interval_hides(tmp_path):
+    """Seeds differ a lot (0.3 .. 0.9); the arm adds exactly +0.01 to every seed. Paired: a tight CI
+    that excludes 0 and the smallest exact p for n = 6 (2/64); unpaired (Welch) would see nothing."""
+    seed_level = [0.3, 0.5, 0.7, 0.9, 0.4, 0.6]
+    for seed, level in enumerate(seed_level):
+        for arm, bump in (("A1", 0.0), ("C", 0.01)):
+            write_run(
+                tmp_path, [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([level + bump] * 10),
+                summary=OK, config=_cfg(seed),
+            )  # fmt: skip
+    res = agg.aggregate(tmp_path, figures=False)
+    c = res_comparisons(res)[("C", "success_final")]
+    assert c["paired"] and c["n"] == 6
+    assert c["diff"] == pytest.approx(0.01) and c["lo"] == pytest.approx(0.01) and c["hi"] == pytest.approx(0.01)
+    assert c["p"] == pytest.approx(2 / 64)
+    assert "vs baseline `A1`" in res.markdown and "(n=6)" in res.markdown
+    welch = agg.stats.welch_comparison([x + 0.01 for x in seed_level], seed_level)
+    assert welch.p > 0.9  # the same data, unpaired
+
+
+def test_runs_that_do_not_share_a_base_are_compared_unpaired(tmp_path):
+    for seed in range(3):
+        rows = metric_rows([0.5] * 4)
+        write_run(tmp_path, ["variant=A1", f"seed={seed}"], metrics=rows, summary=OK, config=_cfg(seed))
+        # another model: another base policy, so the seed does not pair them
+        write_run(
+            tmp_path, ["variant=B", f"seed={seed}"], metrics=metric_rows([0.6] * 4), summary=OK,
+            config=_cfg(seed, task__min_len=4),
+        )  # fmt: skip
+    res = agg.aggregate(tmp_path, figures=False)
+    c = res_comparisons(res)[("B", "success_final")]
+    assert not c["paired"] and "unpaired" in res.markdown
+
+
+def test_sweeps_with_different_fixed_settings_are_never_pooled(tmp_path):
+    """Two sweeps of the same arms, 100 vs 150 steps: A1 from both must not become one group."""
+    for sweep, steps in (("s100", 100), ("s150", 150)):
+        for seed in range(2):
+            write_run(
+                tmp_path / sweep, ["variant=A1", f"seed={seed}"], metrics=metric_rows([0.5] * 4), summary=OK,
+                config=_cfg(seed, steps=steps),
+            )  # fmt: skip
+    res = agg.aggregate([tmp_path / "s100", tmp_path / "s150"], out_dir=tmp_path / "out", figures=False)
+    assert set(res.groups["group"]) == {"all [steps=100]", "all [steps=150]"}
+    assert "differ in steps" in res.markdown
+    # identical settings do pool: 4 seeds in one group
+    pooled = agg.aggregate([tmp_path / "s100", tmp_path / "s100"], out_dir=tmp_path / "out2", figures=False)
+    assert list(pooled.groups["n_runs"]) == [4]
+
+
+def test_unknown_baseline_is_an_error(tmp_path):
+    write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.5] * 4), summary=OK)
+    with pytest.raises(SweepDirError, match="--baseline 'Z'"):
+        agg.aggregate(tmp_path, figures=False, baseline="Z")

@@ -22,6 +22,8 @@ def test_every_option_composes_and_validates(group, option, request):
     overrides = [f"{group}={option}"]
     if group == "model" and option == "hf_causal_lm":  # needs a local checkpoint (built, not downloaded)
         overrides.append(f"model.path={request.getfixturevalue('tiny_hf_dir')}")
+    if group == "task" and option == "gsm":  # chat prompts need an HF tokenizer (checked at config time)
+        overrides += ["model=hf_causal_lm", f"model.path={request.getfixturevalue('tiny_hf_dir')}"]
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's
     if group == "growth":
@@ -54,7 +56,7 @@ def test_enum_value_lists_allowed_values():
     with pytest.raises((ConfigCompositionException, ValidationError)) as info:
         compose_cfg(["algo.advantage=foo"])
     message = f"{info.value} {info.value.__cause__}"
-    assert "algo.advantage" in message and "[grpo, rloo, reinforce_pp_baseline]" in message
+    assert "algo.advantage" in message and "[grpo, rloo, reinforce_pp_baseline, dr_grpo]" in message
 
 
 @pytest.mark.parametrize(

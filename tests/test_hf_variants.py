@@ -152,3 +152,16 @@ def test_lora_and_growth_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
     assert all(r["adapter/rank"] >= 4 for r in rows)
     if "growth=rank" in overrides:
         assert rows[-1]["adapter/rank"] > rows[0]["adapter/rank"]
+
+
+def test_a_run_that_never_earns_reward_says_so(tiny_hf_dir, tmp_path):
+    """Warm-up is off for HF models: a random model earns nothing, and the run must say why."""
+    from prorl_bench.outputs import read_jsonl
+
+    from .conftest import make_config
+
+    cfg = make_config([*_hf_small(tiny_hf_dir), "steps=10", "eval_every=10"])
+    with pytest.warns(UserWarning, match="warmup.enabled=true"):
+        train(cfg, tmp_path / "run", tmp_path / "cache")
+    events = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["event"] == "warning"]
+    assert len(events) == 1 and events[0]["reason"] == "no_reward_signal" and events[0]["step"] == 10

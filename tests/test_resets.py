@@ -16,7 +16,7 @@ from prorl_bench.config import (
 )
 from prorl_bench.kl_control import KLController
 from prorl_bench.opt_state import apply_opt_reset, check_adam_state
-from prorl_bench.resets import ResetSchedule, recovery_steps, reset_reference
+from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.schedule import LRSchedule
 
 # ----------------------------------------------------------------------------- optimizer transforms
@@ -209,16 +209,6 @@ def test_stall_condition_during_spacing_is_dropped():
     cfg = ResetConfig(trigger=ResetTrigger.stall, patience=1, min_spacing=12)
     fired = _fire(cfg, 100, val=val)
     assert all(b - a >= 12 for a, b in zip(fired, fired[1:])) and len(fired) >= 3
-
-
-def test_recovery_steps():
-    rewards = [0.5] * 10 + [0.1, 0.2, 0.4, 0.6, 0.7] + [0.7] * 5
-    # post-reset trailing means (window 3): step 14 -> (0.2+0.4+0.6)/3 = 0.4 < 0.5; step 15 -> 0.567
-    assert recovery_steps(rewards, [10], window=3) == [5]
-    assert recovery_steps([0.5] * 5 + [0.0] * 5, [5], window=2) == [None]
-
-
-# ----------------------------------------------------------------------------- KL controller
 
 
 def test_adaptive_kl_controller_direction_and_bounds():

@@ -9,20 +9,12 @@ import pytest
 from prorl_bench import stats
 
 
-@pytest.mark.parametrize(
-    "df, q975",
-    [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451), (9, 2.2621572), (29, 2.0452296), (1000, 1.9623391)],
-)
-def test_t_quantile_matches_tables(df, q975):
-    assert stats.t_quantile(0.975, df) == pytest.approx(q975, abs=1e-6)
-    assert stats.t_quantile(0.025, df) == pytest.approx(-q975, abs=1e-6)
-
-
-def test_t_cdf_symmetry_and_center():
-    assert stats.t_cdf(0.0, 3) == pytest.approx(0.5)
-    assert stats.t_cdf(1.3, 5) + stats.t_cdf(-1.3, 5) == pytest.approx(1.0)
-    # df = 1 is the Cauchy distribution: F(t) = 1/2 + atan(t)/pi
-    assert stats.t_cdf(2.0, 1) == pytest.approx(0.5 + math.atan(2.0) / math.pi, abs=1e-12)
+def test_mean_ci_uses_student_t_quantiles():
+    for df, q975 in [(1, 12.7062047), (2, 4.3026527), (9, 2.2621572), (1000, 1.9623391)]:
+        xs = [0.0, 1.0] if df == 1 else [float(i) for i in range(df + 1)]
+        m, half, n = stats.mean_ci(xs)
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+        assert half == pytest.approx(q975 * sd / math.sqrt(n), rel=1e-6)
 
 
 def test_mean_ci_known_values():
@@ -75,18 +67,64 @@ def test_time_at_step_sums_step_times():
     assert math.isnan(stats.time_at_step([1, 2], [0.1, 0.1], float("nan")))
 
 
-def test_recovery_steps():
-    steps = list(range(1, 11))
-    # level 0.8 before the reset at step 4 (window 2: steps 3, 4), dip, back at step 8
-    vals = [0.8, 0.8, 0.8, 0.8, 0.2, 0.4, 0.7, 0.9, 0.9, 0.9]
-    assert stats.recovery_steps(steps, vals, [4], window=1) == [4.0]  # step 8 >= 0.8
-    # window 2 after the event: (0.7 + 0.9) / 2 = 0.8 at step 8 as well
-    assert stats.recovery_steps(steps, vals, [4], window=2) == [4.0]
-    never = stats.recovery_steps(steps, [1.0] * 4 + [0.0] * 6, [4], window=1)
-    assert math.isnan(never[0])
-    assert math.isnan(stats.recovery_steps(steps, vals, [0], window=2)[0])  # no pre-event data
-
-
 def test_rolling_mean_rejects_bad_window():
     with pytest.raises(ValueError):
         stats.rolling_mean([1.0], 0)
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def _brute_sign_flip(diffs):
+    """Two-sided p of the sign-flip test by enumerating all 2^n sign assignments."""
+    import itertools
+
+    obs = abs(sum(diffs))
+    hits = total = 0
+    for signs in itertools.product((1, -1), repeat=len(diffs)):
+        total += 1
+        hits += abs(sum(s * d for s, d in zip(signs, diffs))) >= obs - 1e-12
+    return hits / total
+
+
+@pytest.mark.parametrize("diffs", [[0.3, 0.1, 0.2], [1.0, -0.5, 0.25, 2.0], [0.1, 0.2, -0.05, 0.3, 0.15, 0.4]])
+def test_sign_flip_p_is_exact(diffs):
+    assert stats.sign_flip_p(diffs) == pytest.approx(_brute_sign_flip(diffs), abs=1e-12)
+
+
+def test_three_seeds_cannot_reach_p_below_a_quarter():
+    assert stats.sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)  # all positive: 2 of 8 assignments
+    assert stats.sign_flip_p([0.0, 0.0]) == 1.0
+
+
+def test_bootstrap_ci_known_answers():
+    # constant differences: the interval is that value
+    assert stats.bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    # a large normal sample: the percentile bootstrap CI of the mean approaches mean ± 1.96 s / sqrt(n)
+    import numpy as np
+
+    x = np.random.default_rng(1).normal(2.0, 1.0, size=400)
+    lo, hi = stats.bootstrap_ci(list(x))
+    half = 1.96 * x.std(ddof=1) / np.sqrt(len(x))
+    assert lo == pytest.approx(x.mean() - half, abs=0.02) and hi == pytest.approx(x.mean() + half, abs=0.02)
+    # two points: every resample mean lies between them
+    lo, hi = stats.bootstrap_ci([0.0, 1.0])
+    assert 0.0 <= lo < hi <= 1.0
+
+
+def test_holm_matches_a_hand_computed_example():
+    # sorted p: 0.01, 0.02, 0.03, 0.5 with m = 4 -> 0.04, 0.06, 0.06 (monotone), 0.5
+    adjusted = stats.holm([0.03, 0.5, 0.01, float("nan"), 0.02])
+    assert adjusted[2] == pytest.approx(0.04) and adjusted[4] == pytest.approx(0.06)
+    assert adjusted[0] == pytest.approx(0.06) and adjusted[1] == pytest.approx(0.5) and math.isnan(adjusted[3])
+
+
+def test_paired_and_welch_comparisons():
+    c = stats.paired_comparison([1.0, 2.0, 3.0, None], [0.5, 1.5, 2.0, 1.0])  # the None pair is dropped
+    assert c.paired and c.n == 3 and c.diff == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    w = stats.welch_comparison([1.0, 2.0, 3.0], [0.0, 0.5, 1.0])
+    from scipy.stats import ttest_ind
+
+    assert not w.paired and w.p == pytest.approx(ttest_ind([1.0, 2.0, 3.0], [0.0, 0.5, 1.0], equal_var=False).pvalue)
+    assert w.lo < w.diff < w.hi
+

@@ -63,7 +63,7 @@ def test_failed_job_still_aggregates(failing_sweep):
     assert "| A1 | 1/1 ok |" in out and "| A2 | 1/1 ok |" in out
     assert "| B | 0/1 ok, 1 failed |" in out
     assert "ConfigError: invalid config value kl_estimator.placement='reward'" in out
-    assert out.rstrip().splitlines()[-1].endswith("reference_cost.png"), "the table/figures must end the output"
+    assert "[prorl-bench-aggregate] figure:" in out.rstrip().splitlines()[-1], "the table/figures must end the output"
     runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv").set_index("group")
     assert runs.loc["B", "status"] == "failed" and "variant B" in runs.loc["B", "error"]
     assert runs.loc["A1", "status"] == "completed" and runs.loc["A1", "steps_logged"] == 6
@@ -164,3 +164,21 @@ def test_analysis_notebook_executes_headless(failing_sweep):
     texts = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
     assert "| B | 0/1 ok, 1 failed |" in texts
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
+
+
+@pytest.mark.slow
+def test_a_study_grid_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache):
+    """+sweep=adam_step_hazard, 2 seeds x 4 arms x 6 steps: every job completes, the table is paired
+    against the study's own baseline and states n."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "prorl_bench.sweep", "+sweep=adam_step_hazard", "seed=0,1"]
+    args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
+    args += ["reset.every=2", "eval.n_samples=4", "eval.ks=[1,4]"]
+    proc = _run(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "### Paired differences vs baseline `factor=1.0, step=keep`" in proc.stdout
+    comparisons = pd.read_csv(sweep_dir / "aggregate" / "comparisons.csv")
+    assert set(comparisons["group"]) == {"factor=0.0, step=keep", "factor=0.0, step=reset", "factor=1.0, step=reset"}
+    assert (comparisons["n"] == 2).all()
+    assert comparisons["paired"].all()
+    assert (sweep_dir / "aggregate" / "passk.png").stat().st_size > 10_000

@@ -52,7 +52,7 @@ def test_same_seed_same_metrics_apart_from_timing(run_exp):
     assert strip_timing(_metrics(d1)) == strip_timing(_metrics(d2))
     assert strip_timing(_metrics(d1)) != strip_timing(_metrics(d3))
     v1, v2 = (read_jsonl(d / "validation.jsonl") for d in (d1, d2))
-    assert v1 == v2 and [r["step"] for r in v1] == [3, 6]
+    assert v1 == v2 and [r["step"] for r in v1] == [0, 3, 6]  # the base at step 0
 
 
 def test_a2_buffer_is_allocated_once(base_cache, tmp_path):

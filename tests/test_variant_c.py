@@ -70,3 +70,21 @@ def test_resets_require_variant_c_and_adaptive_beta_is_logged(run_exp):
     _, d = run_exp(knobs, name="adaptive")
     betas = [r["kl/beta"] for r in read_jsonl(d / "metrics.jsonl")]
     assert betas[0] == 0.01 and betas[-1] > betas[0]  # KL above a tiny target: beta rises
+
+
+def test_step_counter_hazard_warns_at_config_time():
+    import warnings
+
+    from prorl_bench.config import StepCounterHazardWarning
+
+    hazard = ["variant=C", "reset=periodic", "reset.every=10", "opt_reset=soft", "opt_reset.factor=0.0"]
+    with pytest.warns(StepCounterHazardWarning, match="ratchets up"):
+        make_config(hazard)
+    with pytest.warns(StepCounterHazardWarning):
+        make_config(["variant=C", "reset=periodic", "reset.every=25", "opt_reset=asym", "opt_reset.v_factor=0.5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepCounterHazardWarning)
+        make_config([*hazard[:-2], "opt_reset=soft", "opt_reset.step=reset"])  # bias correction restarts
+        make_config(["variant=C", "reset=periodic", "reset.every=100", "opt_reset=soft"])  # rare resets
+        make_config(["variant=C", "reset=periodic", "reset.every=10", "opt_reset=asym"])  # v kept (v_factor 1)
+        make_config(["variant=C", "reset=periodic", "reset.every=10", "opt_reset=hard"])
