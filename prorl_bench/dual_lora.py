@@ -7,7 +7,8 @@ with c = alpha / rank fixed at attach time and (s_r, s_f) the inference scales s
 
 Routing is a single pass with a per-sample stop-gradient: inside ``route_rows(model, mask)``
 (mask: bool, shape (batch,), True = labelled hack sample) the retain path of labelled rows is
-computed with detached retain parameters, so forward values are unchanged and the retain adapter gets exactly zero gradient from
+computed with detached retain parameters, so forward values are unchanged and the retain
+adapter gets exactly zero gradient from
 those rows, while the forget adapter (and the retain adapter on unlabelled rows) learn as usual.
 One pass was chosen over homogeneous sub-batches because the loss of a mixed minibatch is then
 literally the same expression as without routing (no re-normalisation across sub-batches).
