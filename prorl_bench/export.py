@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from prorl_bench.checkpoint import checkpoint_paths
+from prorl_bench.checkpoint import checkpoint_paths, load_verified
 from prorl_bench.config import AdapterKind, Config, ConfigError, ModelConfig, ModelKind
 from prorl_bench.lora import LoRALinear, attach_lora, grow_rank, lora_layers
 
@@ -78,7 +78,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
     paths = checkpoint_paths(Path(run_dir))
     if not paths:
         raise ConfigError(f"{run_dir}: no checkpoints/step_*.pt (run with checkpoint.every > 0)")
-    blob = torch.load(paths[-1], map_location="cpu", weights_only=True)
+    blob = load_verified(paths[-1])  # checksum + safe loading; a damaged file is named
     cfg = _config_from_dict(blob["config"])
     tok = build_tokenizer(cfg)
     if cfg.model.kind == ModelKind.hf_causal_lm:
