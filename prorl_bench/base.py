@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from filelock import FileLock
 
-from prorl_bench.checkpoint import load_verified, save_verified
+from prorl_bench.checkpoint import CorruptFileError, load_verified, save_verified
 from prorl_bench.config import Config
 from prorl_bench.evaluation import evaluate
 from prorl_bench.model import TransformerPolicy
@@ -137,10 +139,18 @@ def load_or_train_base(
     path = base_path(cfg, cache_root, extra_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
+        blob = None
         if path.exists():
-            blob = load_verified(path)  # checksum + safe loading; a damaged cache names its file
-            info = {**blob["info"], "cached": True}
-        else:
+            try:
+                blob = load_verified(path)  # checksum + safe loading
+                info = {**blob["info"], "cached": True}
+            except CorruptFileError as e:
+                # a cache is derived data: set the damaged file aside (kept for inspection) and
+                # retrain it — deterministically the same base — rather than train from garbage
+                aside = path.with_name(path.name + ".corrupt")
+                os.replace(path, aside)
+                warnings.warn(f"damaged base cache: {e}; moved to {aside.name} and retraining", stacklevel=2)
+        if blob is None:
             # One thread, whoever trains it (a single run uses all cores, a sweep job one): float
             # reductions depend on the thread count, and the base must not depend on who came first.
             threads = torch.get_num_threads()

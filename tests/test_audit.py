@@ -112,16 +112,21 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run_exp):
     assert strip_timing(read_jsonl(part / "metrics.jsonl")) == strip_timing(read_jsonl(full / "metrics.jsonl"))
 
 
-def test_a_damaged_base_cache_names_its_file(tmp_path):
+def test_a_damaged_base_cache_is_named_set_aside_and_retrained(tmp_path):
     from prorl_bench.trainer import train
 
-    cfg = make_config(FAST + ["steps=1"])
+    cfg = make_config(FAST + ["steps=2"])
     cache = tmp_path / "cache"
     train(cfg, tmp_path / "a", cache)
     base = next(p for p in cache.iterdir() if p.suffix == ".pt")
-    base.write_bytes(b"")
-    with pytest.raises(CorruptFileError, match=base.name):
+    good = base.read_bytes()
+    base.write_bytes(b"")  # zero-length: used to give a bare "EOFError: "
+    with pytest.warns(UserWarning, match=f"{base.name}: SHA-256 mismatch.*retraining"):
         train(cfg, tmp_path / "b", cache)
+    assert base.read_bytes() == good and base.with_name(base.name + ".corrupt").exists()
+    assert strip_timing(read_jsonl(tmp_path / "b" / "metrics.jsonl")) == strip_timing(
+        read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    )
 
 
 # 6. all-equal groups got |A| ~ 0.06 in float32
