@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from prorl_bench.config import Config, ConfigError
-from prorl_bench.outputs import EVENTS, METRICS, SAMPLES, VALIDATION, atomic_write_text, read_jsonl
+from prorl_bench.outputs import EVENTS, METRICS, SAMPLES, SUMMARY, VALIDATION, _clean, atomic_write_text, read_jsonl
 
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"step_(\d{8})\.pt$")
@@ -155,6 +155,29 @@ def truncate_logs(run_dir: Path, step: int) -> None:
         if path.exists():
             rows = [r for r in read_jsonl(path) if r["step"] <= step]
             atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def rewrite_logs(run_dir: Path, history: list[dict[str, Any]], val_rows: list[dict[str, Any]]) -> None:
+    """metrics.jsonl and validation.jsonl as the checkpoint records them (atomically per file), and
+    events.jsonl without an earlier `end` event."""
+    for name, rows in ((METRICS, history), (VALIDATION, val_rows)):
+        atomic_write_text(Path(run_dir) / name, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
+    events = Path(run_dir) / EVENTS
+    if events.exists():  # an extended run is not over: its one `end` event comes when it is
+        kept = [r for r in read_jsonl(events) if r.get("event") != "end"]
+        atomic_write_text(events, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def finished_summary(run_dir: Path, steps: int) -> dict[str, Any] | None:
+    """The summary of a run that already completed ``steps`` steps (None when it did not)."""
+    path = Path(run_dir) / SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if summary.get("status") == "completed" and summary.get("steps_completed") == steps:
+        return summary
+    return None
 
 
 def rng_state(py_rng, sample_gen: torch.Generator, shuffle_gen: torch.Generator) -> dict[str, Any]:

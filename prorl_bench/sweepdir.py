@@ -128,6 +128,11 @@ def load_run(run_dir: Path) -> RunRecord:
             raise SweepDirError(f"{run_dir / SUMMARY}: expected an object with status {'|'.join(SUMMARY_STATUSES)}")
     if summary is not None:
         status, error = summary["status"], summary.get("error")
+        n_done = summary.get("steps_completed")
+        if status == "completed" and isinstance(n_done, int) and len(metrics) != n_done:
+            # rows lost after the run finished: its curves would be silently short (re-run to repair)
+            status = "incomplete"
+            error = f"{METRICS} has {len(metrics)} rows but summary.json says {n_done} steps completed"
         if status == "preempted" and not error:
             error = f"preempted after {summary.get('steps_completed', len(metrics))} steps; re-run to resume"
     else:

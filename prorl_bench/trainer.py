@@ -20,7 +20,16 @@ import torch
 
 from prorl_bench.accounting import COUNTERS, STAGES, StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
-from prorl_bench.checkpoint import config_dict, load_latest, restore_rng, rng_state, save_checkpoint, truncate_logs
+from prorl_bench.checkpoint import (
+    config_dict,
+    finished_summary,
+    load_latest,
+    restore_rng,
+    rewrite_logs,
+    rng_state,
+    save_checkpoint,
+    truncate_logs,
+)
 from prorl_bench.config import (
     AdapterKind,
     AdapterReferenceKind,
@@ -101,6 +110,7 @@ def train(
 
 def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None):
     wall0 = time.perf_counter()
+    wall_before = 0.0  # wall time of earlier segments of this run (resumed runs)
     device = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
@@ -169,9 +179,16 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
             growth.load_state_dict(ckpt["growth"])
         restore_rng(ckpt["rng"], rng, sample_gen, shuffle_gen)
         history, val_rows, guard.skipped = ckpt["history"], ckpt["val_rows"], ckpt["skipped"]
+        wall_before = ckpt.get("wall_time_s", 0.0)
         start = ckpt["step"] + 1
-    # every step exactly once: drop rows past the checkpoint (all rows when starting afresh)
+        finished = finished_summary(run_dir, cfg.steps) if start > cfg.steps else None
+        if finished is not None:
+            return finished  # re-running a finished run: nothing to do, nothing rewritten
+    # every step exactly once: metrics and validation rows are rewritten from the checkpoint's history
+    # (rows lost or deleted after they were written come back); other logs are cut back to its step
     truncate_logs(run_dir, start - 1 if ckpt is not None else -1)
+    if ckpt is not None:
+        rewrite_logs(run_dir, history, val_rows)
     if resolved_config is not None:
         atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
 
@@ -404,11 +421,12 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
                 "history": history,
                 "val_rows": val_rows,
                 "skipped": guard.skipped,
+                "wall_time_s": wall_before + time.perf_counter() - wall0,
             }
             save_checkpoint(run_dir, step, state, cfg.checkpoint.keep_last)
         if preempt.requested and step < cfg.steps:
             preempt.close()
-            summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
+            summary = summarize(cfg, history, val_rows, objective, base_info, wall_before + time.perf_counter() - wall0)
             summary["status"] = "preempted"
             out.event(step, "preempted", signal.Signals(preempt.signum).name)
             out.summary(summary)
@@ -418,7 +436,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     preempt.close()
     if bar is not None:
         bar.close()
-    summary = summarize(cfg, history, val_rows, objective, base_info, time.perf_counter() - wall0)
+    summary = summarize(cfg, history, val_rows, objective, base_info, wall_before + time.perf_counter() - wall0)
     reset_at = [r["step"] for r in history if r["reset"]]
     summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
     if cfg.export.at_end:

@@ -193,3 +193,41 @@ def test_the_largest_seed_runs(run_exp):
 def test_degenerate_temperatures_are_config_errors(t):
     with pytest.raises(ConfigError, match="algo.temperature"):
         make_config([f"algo.temperature={t}"])
+
+
+# 5. deleted metrics rows stayed deleted under a "completed" summary
+def test_resume_repairs_lost_rows_and_the_aggregator_flags_short_logs(run_exp, tmp_path):
+    from prorl_bench.sweepdir import load_run
+
+    knobs = ["checkpoint.every=3"]
+    _, full = run_exp(knobs, name="full")
+    rows = (full / "metrics.jsonl").read_text().splitlines()
+    (full / "metrics.jsonl").write_text("\n".join(rows[:2] + rows[4:]) + "\n")  # rows of steps 3, 4 lost
+    (full / ".hydra").mkdir()
+    (full / ".hydra" / "overrides.yaml").write_text("[]\n")
+    run = load_run(full)
+    assert run.status == "incomplete" and "4 rows but summary.json says 6" in run.error
+    part = full.parent / "part"
+    import shutil
+
+    shutil.copytree(full, part)
+    for p in (part / "checkpoints").glob("step_00000006*"):
+        p.unlink()
+    (part / "summary.json").unlink()
+    run_exp(knobs, name="part")  # resumes from step 3: rows 1-3 come back from the checkpoint
+    assert [json.loads(x)["step"] for x in (part / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+# 18. re-running a completed run appended a second `end` event and overwrote wall_time_s
+def test_rerunning_a_finished_run_changes_nothing_and_wall_time_adds_up(run_exp):
+    summary, d = run_exp(["checkpoint.every=3"], name="r")
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"}
+    again, _ = run_exp(["checkpoint.every=3"], name="r")
+    assert again == json.loads((d / "summary.json").read_text())
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"} == before
+    ends = [e for e in read_jsonl(d / "events.jsonl") if e["event"] == "end"]
+    assert len(ends) == 1
+    # extending: the wall time is the sum over both segments, not the last one
+    longer, _ = run_exp(["checkpoint.every=3", "steps=8"], name="r")
+    assert longer["wall_time_s"] > summary["wall_time_s"]
+    assert len([e for e in read_jsonl(d / "events.jsonl") if e["event"] == "end"]) == 1
