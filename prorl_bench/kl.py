@@ -8,8 +8,12 @@ Tokens are sampled from pi_theta. With l = logp_theta - logp_ref and r = exp(-l)
 * k3 = (r - 1) - log r   unbiased and >= 0 ("low_var_kl" of GRPO/TRL/verl); as a loss its gradient
                          is the forward-KL gradient (biased for the reverse KL).
 
-Clamps (as verl and NeMo RL do): the log-ratio to +-``log_ratio_clamp`` (20) before any exp, and
-the per-token value to +-``kl_clamp`` (10).
+Clamps, k3 only (as verl's ``kl_penalty``: it clamps ``low_var_kl`` and nothing else): the
+log-ratio to +-``log_ratio_clamp`` (20) before the exp, and the per-token value to +-``kl_clamp``
+(10). k1 and k2 take no exp and are left unclamped, so their gradient never vanishes: an earlier
+value clamp on every estimator silently removed the KL gradient exactly on the tokens that drifted
+furthest (k2 for |l| > 4.47). For k3 the clamp is kept because its gradient 1 - exp(-l) explodes
+for l << 0; its price, stated: no KL gradient where k3 > 10, i.e. l < -2.61 or l > 11 (tested).
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ def log_ratio(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -
 
 
 def k1(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
-    return log_ratio(logp, logp_ref, clamp)
+    """``clamp`` unused (no exp): the gradient is 1 everywhere."""
+    return logp - logp_ref
 
 
 def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
-    return 0.5 * log_ratio(logp, logp_ref, clamp).square()
+    """``clamp`` unused (no exp): the gradient is l everywhere."""
+    return 0.5 * (logp - logp_ref).square()
 
 
 def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
@@ -46,8 +52,10 @@ def kl_per_token(
     log_ratio_clamp: float = 20.0,
     kl_clamp: float = 10.0,
 ) -> torch.Tensor:
-    """Per-token estimate of KL(theta||ref), same shape as the inputs, clamped to +-kl_clamp."""
-    return _ESTIMATORS[KLName(name)](logp, logp_ref, log_ratio_clamp).clamp(-kl_clamp, kl_clamp)
+    """Per-token estimate of KL(theta||ref), same shape as the inputs; k3 is clamped to +-kl_clamp."""
+    name = KLName(name)
+    value = _ESTIMATORS[name](logp, logp_ref, log_ratio_clamp)
+    return value.clamp(-kl_clamp, kl_clamp) if name == KLName.k3 else value
 
 
 @torch.no_grad()
