@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-from prorl_bench.lora import LoRALinear, _invalidate
+from prorl_bench.lora import LoRALinear, wrap_linears
 
 SCALE_MODES: dict[str, tuple[float, float]] = {
     "both": (1.0, 1.0),
@@ -74,20 +74,9 @@ def attach_dual_lora(
     model: nn.Module, targets: list[str], retain_rank: int, forget_rank: int, alpha: float, freeze_base: bool
 ) -> int:
     """Replace every ``nn.Linear`` named in ``targets`` by a DualLoRALinear (same matching as LoRA)."""
-    wrapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if name in targets and isinstance(child, nn.Linear):
-                setattr(parent, name, DualLoRALinear(child, retain_rank, forget_rank, alpha, freeze_base))
-                wrapped += 1
-    if wrapped == 0:
-        raise ValueError(f"adapter.targets={targets} matched no nn.Linear layer of {type(model).__name__}")
-    _invalidate(model)
-    if freeze_base:
-        for pname, p in model.named_parameters():
-            if "lora_" not in pname:
-                p.requires_grad_(False)
-    return wrapped
+    return wrap_linears(
+        model, targets, lambda base: DualLoRALinear(base, retain_rank, forget_rank, alpha, freeze_base), freeze_base
+    )
 
 
 def dual_layers(model: nn.Module) -> list[DualLoRALinear]:

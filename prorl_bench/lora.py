@@ -93,11 +93,18 @@ def attach_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, f
     Returns the number of wrapped layers; zero matches is an error (a typo in the target list).
     With ``freeze_base`` every non-adapter parameter of the model is frozen.
     """
+    return wrap_linears(model, targets, lambda base: LoRALinear(base, rank, alpha, freeze_base), freeze_base)
+
+
+def wrap_linears(model: nn.Module, targets: list[str], make, freeze_base: bool) -> int:
+    """Replace every ``nn.Linear`` whose attribute name is in ``targets`` by ``make(linear)`` (an
+    adapter layer whose parameters are named ``lora_*``); freeze everything else with ``freeze_base``.
+    Returns the number of wrapped layers; zero matches is an error (a typo in the target list)."""
     wrapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if name in targets and isinstance(child, nn.Linear):
-                setattr(parent, name, LoRALinear(child, rank, alpha, freeze_base))
+                setattr(parent, name, make(child))
                 wrapped += 1
     if wrapped == 0:
         raise ValueError(f"adapter.targets={targets} matched no nn.Linear layer of {type(model).__name__}")
