@@ -62,6 +62,17 @@ class NonFiniteGuard:
         warnings.warn(f"{msg}: skipped (guard.nonfinite=skip_batch, {self.skipped} so far)", stacklevel=2)
         return False
 
+    def params_ok(self, params: list[torch.Tensor], step: int) -> None:
+        """After ``optimizer.step()``: every parameter finite, or the run stops (in either policy —
+        a finite loss and gradient can still step into inf/NaN weights, e.g. with a huge lr, and
+        there is no batch left to skip: every later forward and sample would be NaN)."""
+        flag = torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()
+        msg = self._message(step, "update", "parameters after the optimizer step") + " (lower algo.lr?)"
+        if self.defer:
+            self._pending.append((flag, msg))
+        elif not bool(flag):
+            raise NonFiniteError(msg)
+
     def flush(self) -> None:
         """Raise for the first deferred non-finite tensor (one device->host transfer)."""
         pending, self._pending = self._pending, []

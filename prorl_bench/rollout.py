@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prorl_bench.guards import NonFiniteError
 from prorl_bench.tasks import CharTokenizer
 
 _NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
@@ -90,7 +91,15 @@ def generate(
             if top_k > 0:
                 kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]
                 z = z.masked_fill(z < kth, _NEG)
-            nxt = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
+            try:
+                nxt = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
+            except RuntimeError as e:  # torch: "probability tensor contains either inf, nan or element < 0"
+                if torch.isfinite(logits).all():
+                    raise
+                raise NonFiniteError(
+                    f"non-finite policy logits while sampling token {t} (the weights hold NaN/inf, or the "
+                    "temperature over/underflows): the run cannot continue"
+                ) from e
         nxt = torch.where(done, torch.full_like(nxt, tok.PAD), nxt)
         out[:, t] = nxt
         live[:, t] = ~done

@@ -289,6 +289,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         diag_agg = diagnostic_agg(a.loss_agg)
         ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
         params_before = [p.detach().clone() for p in policy.parameters()]
+        trainable = [p for p in policy.parameters() if p.requires_grad]
         with acct.stage("update"), autocast:
             for epoch in range(a.ppo_epochs if len(rows) else 0):
                 perm = rows[torch.randperm(len(rows), generator=shuffle_gen).to(device)]
@@ -323,6 +324,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
                         optimizer.zero_grad(set_to_none=True)
                         continue
                     optimizer.step()
+                    guard.params_ok(trainable, step)
                     n_mb += 1
                     # accumulate on device; one host transfer per step (no syncs inside the loop)
                     for key, val in (

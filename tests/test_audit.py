@@ -231,3 +231,46 @@ def test_rerunning_a_finished_run_changes_nothing_and_wall_time_adds_up(run_exp)
     longer, _ = run_exp(["checkpoint.every=3", "steps=8"], name="r")
     assert longer["wall_time_s"] > summary["wall_time_s"]
     assert len([e for e in read_jsonl(d / "events.jsonl") if e["event"] == "end"]) == 1
+
+
+# 15. NaN/inf weights got past the guard (parameters were never checked after the step) and then
+#     failed in torch's sampler with "probability tensor contains inf"
+@pytest.mark.parametrize("policy", ["fail", "skip_batch"])
+def test_nonfinite_weights_after_the_step_stop_the_run_with_a_named_error(run_exp, monkeypatch, policy):
+    from prorl_bench import trainer
+    from prorl_bench.guards import NonFiniteError
+
+    real_build = trainer.build_optimizer
+
+    def build(policy, a):  # the RL optimizer only (the base's warm-up is left alone)
+        opt = real_build(policy, a)
+        real_step = opt.step
+
+        def poisoned(*args, **kw):
+            out = real_step(*args, **kw)
+            with torch.no_grad():
+                opt.param_groups[0]["params"][0].view(-1)[0] = float("inf")
+            return out
+
+        opt.step = poisoned
+        return opt
+
+    monkeypatch.setattr(trainer, "build_optimizer", build)
+    with pytest.raises(NonFiniteError, match="parameters after the optimizer step"):
+        run_exp([f"guard.nonfinite={policy}"], name=policy)
+
+
+def test_sampling_from_nan_weights_names_the_cause():
+    from prorl_bench.config import ModelConfig
+    from prorl_bench.guards import NonFiniteError
+    from prorl_bench.model import TransformerPolicy
+    from prorl_bench.rollout import generate
+    from prorl_bench.tasks import CharTokenizer
+
+    tok = CharTokenizer()
+    pol = TransformerPolicy(ModelConfig(d_model=16, n_layers=1, n_heads=2), tok.vocab_size)
+    with torch.no_grad():
+        pol.lm_head.weight.fill_(float("nan"))
+    ids, mask = tok.encode_prompts(["R12="])
+    with pytest.raises(NonFiniteError, match="non-finite policy logits while sampling"):
+        generate(pol, tok, ids, mask, 4, 1.0, generator=torch.Generator().manual_seed(0))
