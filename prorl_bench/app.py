@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.guards import Preempted
-from prorl_bench.outputs import write_summary
+from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
 from prorl_bench.rundir import RunDirBusy, has_previous_run
 
 register_configs()
@@ -84,7 +84,27 @@ def run(cfg: DictConfig) -> float:
         f"last10={summary['success_rate/last10']:.3f}, {summary['time/step_mean'] * 1e3:.1f} ms/step, "
         f"ref share {summary['time/ref_share']:.1%}"
     )
+    if not multirun:
+        print(final_report(run_dir, summary))
     return float(summary["success_rate/last10"])
+
+
+def final_report(run_dir: Path, summary: dict[str, Any], n_prompts: int = 3, n_samples: int = 4) -> str:
+    """The end-of-run console summary: final held-out figures, a few real completions from the last
+    evaluation (samples.jsonl), and where the files are."""
+    lines = []
+    val = summary.get("final_val") or {}
+    ks = sorted(int(k.split("@")[1]) for k in val if k.startswith("val/pass@"))
+    if ks:
+        figures = ", ".join(f"pass@{k} {val[f'val/pass@{k}']:.3f}" for k in ks)
+        lines.append(f"  held-out (step {val.get('step')}): {figures}, greedy {val.get('val/success_greedy', 0):.3f}")
+    rows = read_jsonl(run_dir / SAMPLES)
+    last = [r for r in rows if rows and r["step"] == rows[-1]["step"]][:n_prompts]
+    for r in last:
+        shown = " ".join(f"{s['completion']!r}{'✓' if s['success'] else '✗'}" for s in r["samples"][:n_samples])
+        lines.append(f"  {r['prompt']!r} → want {r['target']!r}: greedy {r['greedy']!r}; samples {shown}")
+    lines.append(f"  summary: {run_dir / 'summary.json'}  samples: {run_dir / SAMPLES}")
+    return "\n".join(lines)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

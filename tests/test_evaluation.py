@@ -128,3 +128,13 @@ def test_extending_a_finished_run_equals_running_it_longer_from_the_start(run_ex
     assert resets(direct), "the test needs a stall reset to happen"
     assert resets(extended) == resets(direct)
     assert strip_timing(read_jsonl(extended / "metrics.jsonl")) == strip_timing(read_jsonl(direct / "metrics.jsonl"))
+
+
+def test_the_end_of_run_report_shows_real_completions_and_the_paths(run_exp):
+    from prorl_bench.app import final_report
+
+    summary, d = run_exp(EVAL, name="report")
+    text = final_report(d, summary)
+    last = [r for r in read_jsonl(d / "samples.jsonl") if r["step"] == 6]
+    assert f"{last[0]['prompt']!r} → want {last[0]['target']!r}" in text
+    assert "pass@4" in text and str(d / "summary.json") in text
