@@ -20,11 +20,12 @@ import os
 import random
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from prorl_bench.checkpoint import CorruptFileError, load_verified, save_verified
 from prorl_bench.config import Config
@@ -125,6 +126,32 @@ def train_base(
     )
 
 
+BASE_LOCK_TIMEOUT_S = 3600.0  # a warm-up is minutes; an hour means something is wrong
+
+
+@contextmanager
+def _base_lock(path: Path, timeout: float | None = None):
+    """The base cache's file lock: say who we wait for instead of hanging silently, and give up
+    (naming the lock file) after ``timeout`` seconds (default BASE_LOCK_TIMEOUT_S)."""
+    lock = FileLock(str(path) + ".lock")
+    try:
+        lock.acquire(timeout=5)
+    except Timeout:
+        warnings.warn(f"waiting for {lock.lock_file}: another process is training this base policy", stacklevel=3)
+        try:
+            lock.acquire(timeout=BASE_LOCK_TIMEOUT_S if timeout is None else timeout)
+        except Timeout:
+            raise TimeoutError(
+                f"{lock.lock_file} still held after the timeout: another process is training this base "
+                "(or died holding a stale lock on a network filesystem); remove the lock file if no "
+                "prorl-bench process is running"
+            ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def load_or_train_base(
     cfg: Config,
     task: Task,
@@ -138,7 +165,7 @@ def load_or_train_base(
     make_policy = make_policy or native_factory(cfg, tok)
     path = base_path(cfg, cache_root, extra_key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    with _base_lock(path):
         blob = None
         if path.exists():
             try:

@@ -85,9 +85,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as e:
             if i == len(lines) - 1:
                 warnings.warn(f"{path}: dropped a torn last line ({len(line)} chars): {line[:60]!r}", stacklevel=2)
                 break
-            raise
+            raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e.msg}): {line[:80]!r}") from e
     return rows

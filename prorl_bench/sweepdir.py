@@ -81,7 +81,7 @@ def parse_override(line: str) -> tuple[str, str]:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     try:
         return read_jsonl(path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # read_jsonl names the file and line
         raise SweepDirError(f"{path}: malformed JSONL ({e}); only a torn last line is tolerated") from e
 
 

@@ -274,3 +274,33 @@ def test_sampling_from_nan_weights_names_the_cause():
     ids, mask = tok.encode_prompts(["R12="])
     with pytest.raises(NonFiniteError, match="non-finite policy logits while sampling"):
         generate(pol, tok, ids, mask, 4, 1.0, generator=torch.Generator().manual_seed(0))
+
+
+# 17. a malformed JSONL line failed with no file or line named; a held base-cache lock waited silently
+def test_a_malformed_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, oops}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not valid JSON"):
+        read_jsonl(path)
+
+
+def test_a_held_base_lock_is_announced_and_times_out(tmp_path):
+    from prorl_bench.base import _base_lock
+
+    path = tmp_path / "base.pt"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from filelock import FileLock; import time; l = FileLock({str(path) + '.lock'!r}); "
+         "l.acquire(); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.warns(UserWarning, match="waiting for .*base.pt.lock"):
+            with pytest.raises(TimeoutError, match="base.pt.lock still held"):
+                with _base_lock(path, timeout=0.5):
+                    pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with _base_lock(path):  # free again: taken at once, no warning
+        pass
