@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from prorl_bench.config import AlgoConfig, Config, HardwareConfig, ModelConfig, TaskConfig, TaskName, WarmupConfig
+from prorl_bench.config import AlgoConfig, Config, HardwareConfig, ModelConfig, TaskConfig, WarmupConfig
 from prorl_bench.trainer import train
 
 STAGES = ("rollout", "old_logprob", "ref_logprob", "update")
@@ -25,7 +25,7 @@ STAGES = ("rollout", "old_logprob", "ref_logprob", "update")
 
 def point(digits: int = 6, prompts: int = 8, width: int = 128, steps: int = 6, threads: int = 2) -> dict:
     cfg = Config(
-        task=TaskConfig(name=TaskName.reverse_digits, min_len=digits, max_len=digits),
+        task=TaskConfig(name="reverse_digits", min_len=digits, max_len=digits),
         model=ModelConfig(d_model=width, n_layers=4, n_heads=4, max_seq_len=2 * digits + 8),
         algo=AlgoConfig(prompts_per_step=prompts, group_size=8),
         hardware=HardwareConfig(torch_threads=threads, deterministic=False),

@@ -123,7 +123,6 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         ModelConfig,
         ModelKind,
         TaskConfig,
-        TaskName,
         WarmupConfig,
     )
     from prorl_bench.trainer import train
@@ -134,7 +133,7 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     else:
         model = ModelConfig(kind=ModelKind.hf_causal_lm, path=model_dir, impl=HFImpl(impl))
     cfg = Config(
-        task=TaskConfig(name=TaskName.reverse_digits, min_len=DIGITS, max_len=DIGITS),
+        task=TaskConfig(name="reverse_digits", min_len=DIGITS, max_len=DIGITS),
         model=model,
         algo=AlgoConfig(
             prompts_per_step=PROMPTS,

@@ -67,7 +67,7 @@ def base_key(cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]
 
 def base_path(cfg: Config, cache_root: Path, extra: dict[str, Any] | None = None) -> Path:
     digest = hashlib.sha256(json.dumps(base_key(cfg, extra), sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cache_root) / f"base-{cfg.task.name.value}-{digest}.pt"
+    return Path(cache_root) / f"base-{cfg.task.name}-{digest}.pt"
 
 
 def teacher_batch(tok: CharTokenizer, problems: list[Problem], device: torch.device) -> Rollout:

@@ -4,7 +4,9 @@ Hydra merges ``conf/<group>/<option>.yaml`` into these dataclasses, so
 
 * an unknown option (``variant=Z``) fails in Hydra with the list of available options,
 * a misspelled key (``algo.lrr=1``) fails with "Key 'lrr' not in 'AlgoConfig'",
-* a value outside a closed set (``algo.advantage=foo``) fails with the enum's allowed values,
+* a value outside a closed set fails with the allowed values: an enum's, or for the pluggable axes
+  (``algo.advantage``, ``kl_estimator.name``, ``task.name``, ``reset.trigger``, ``opt_reset.kind``)
+  the names registered in ``prorl_bench.registry`` — a new option registers itself next to its code,
 * a value out of range fails in ``validate`` below (``__post_init__`` runs when
   ``OmegaConf.to_object`` builds the dataclasses), naming the key and the allowed range.
 
@@ -22,11 +24,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from prorl_bench import registry
+from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import register_resolvers
 
-
-class ConfigError(ValueError):
-    """A config value is invalid. The message names the key and what is allowed."""
+__all__ = ["ConfigError", "Config", "to_config", "register_configs"]
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -37,13 +39,6 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 # --------------------------------------------------------------------------- enums
 
 
-class TaskName(str, Enum):
-    reverse_digits = "reverse_digits"
-    parity = "parity"
-    sort_digits = "sort_digits"
-    add = "add"
-    copy = "copy"
-    reasoning_gym = "reasoning_gym"  # procedural generators from the optional reasoning-gym package
 
 
 class RewardKind(str, Enum):
@@ -59,10 +54,6 @@ class VariantName(str, Enum):
     C = "C"  # A1 + reference resets and an optimizer-state policy
 
 
-class KLName(str, Enum):
-    k1 = "k1"
-    k2 = "k2"
-    k3 = "k3"
 
 
 class KLPlacement(str, Enum):
@@ -75,11 +66,6 @@ class K2Mode(str, Enum):
     ref_over_old = "ref_over_old"
 
 
-class AdvantageName(str, Enum):
-    grpo = "grpo"
-    rloo = "rloo"
-    reinforce_pp_baseline = "reinforce_pp_baseline"
-    dr_grpo = "dr_grpo"  # Dr. GRPO: R - mean_g, no std scaling (Liu et al. 2025)
 
 
 class LossAgg(str, Enum):
@@ -89,12 +75,6 @@ class LossAgg(str, Enum):
     seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
 
 
-class ResetTrigger(str, Enum):
-    none = "none"
-    periodic = "periodic"  # every `every` steps
-    kl_spike = "kl_spike"  # KL to reference above a threshold or a multiple of its running mean
-    stall = "stall"  # held-out metric has not improved for `patience` evaluations
-    polyak = "polyak"  # pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref every `every` steps
 
 
 class StallMetric(str, Enum):
@@ -103,11 +83,6 @@ class StallMetric(str, Enum):
     reward_mean = "val/reward_mean"
 
 
-class OptResetKind(str, Enum):
-    keep = "keep"  # ProRL v2: optimizer untouched
-    hard = "hard"  # ProRL v1: m = v = 0, step = 0, LR schedule restarted (= a fresh optimizer)
-    soft = "soft"  # m <- f m, v <- f v
-    asym = "asym"  # m <- f_m m, v <- f_v v (e.g. forget direction, keep curvature)
 
 
 class StepPolicy(str, Enum):
@@ -224,7 +199,7 @@ class TaskConfig:
     ``min_len``/``max_len`` apply to the built-in tasks; ``reasoning_gym`` configures ``name=reasoning_gym``.
     """
 
-    name: TaskName = TaskName.reverse_digits
+    name: str = "reverse_digits"  # a registered task (registry.TASKS; tasks.py lists the built-ins)
     min_len: int = 3
     max_len: int = 5
     reward: RewardKind = RewardKind.exact
@@ -233,6 +208,7 @@ class TaskConfig:
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
     def __post_init__(self) -> None:
+        registry.TASKS.check(self.name)
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
         _require(
             self.max_len >= self.min_len,
@@ -254,7 +230,7 @@ class VariantConfig:
 class KLConfig:
     """Per-token KL estimator; see prorl_bench/kl.py for the formulas."""
 
-    name: KLName = KLName.k3
+    name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS: k1, k2, k3 in kl.py)
     placement: KLPlacement = KLPlacement.loss
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
     kl_clamp: float = 10.0  # per-token KL value clamped to +-kl_clamp
@@ -264,7 +240,8 @@ class KLConfig:
         _require(self.log_ratio_clamp > 0, "kl_estimator.log_ratio_clamp", self.log_ratio_clamp, "> 0")
         _require(self.kl_clamp > 0, "kl_estimator.kl_clamp", self.kl_clamp, "> 0")
         _require(
-            not (self.name == KLName.k1 and self.placement == KLPlacement.loss),
+            not (registry.KL_ESTIMATORS.meta(registry.KL_ESTIMATORS.check(self.name))["reward_only"]
+                 and self.placement == KLPlacement.loss),
             "kl_estimator.placement",
             self.placement.value,
             "'reward' with k1 (k1 as a loss has zero expected gradient; use k2/k3 in the loss)",
@@ -316,7 +293,7 @@ def _check_hf_path(path: str | None) -> None:
 class AlgoConfig:
     """RL algorithm knobs. lr in AdamW units; beta multiplies the KL term."""
 
-    advantage: AdvantageName = AdvantageName.grpo
+    advantage: str = "grpo"  # a registered estimator (registry.ADVANTAGES; advantages.py has the built-ins)
     prompts_per_step: int = 8
     group_size: int = 8
     temperature: float = 1.0
@@ -343,6 +320,7 @@ class AlgoConfig:
     clip_ratio_c: float | None = None
 
     def __post_init__(self) -> None:
+        registry.ADVANTAGES.check(self.advantage)
         if self.clip_ratio_c is not None:
             _require(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1 (or null to disable)")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
@@ -350,7 +328,7 @@ class AlgoConfig:
             self.group_size >= 2,
             "algo.group_size",
             self.group_size,
-            f">= 2 (every advantage estimator, here '{self.advantage.value}', uses a group baseline)",
+            f">= 2 (every advantage estimator, here '{self.advantage}', uses a group baseline)",
         )
         # outside this range the sampling distribution is numerically one-hot or uniform and the
         # logprobs (logits / T) overflow or underflow: temperature=1e-45 used to crash in sampling
@@ -384,7 +362,7 @@ class AlgoConfig:
 class ResetConfig:
     """Reference-reset trigger (variant C). ``min_spacing``: no two resets closer than this (steps)."""
 
-    trigger: ResetTrigger = ResetTrigger.none
+    trigger: str = "none"  # a registered trigger (registry.RESET_TRIGGERS; resets.py has the built-ins)
     every: int = 50  # periodic / polyak period (steps)
     kl_threshold: float | None = None  # kl_spike: absolute threshold on kl/ref
     kl_multiple: float | None = None  # kl_spike: threshold as a multiple of the running mean
@@ -393,14 +371,16 @@ class ResetConfig:
     metric: StallMetric = StallMetric.success_greedy  # stall: held-out metric watched
     patience: int = 2  # stall: evaluations without improvement before a reset
     min_delta: float = 0.0  # stall: an improvement must exceed the best by more than this
-    alpha: float = 0.6  # polyak mixing weight of pi_theta (TRL ref_model_mixup_alpha)
+    # what a reset does, whatever triggers it: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref.
+    # null = the trigger's default (1, a copy; polyak 0.6 = TRL ref_model_mixup_alpha)
+    alpha: float | None = None
     min_spacing: int = 0
     restore_beta: bool = False  # reset the adaptive KL coefficient to its initial value
 
     def __post_init__(self) -> None:
         _require(self.every >= 1, "reset.every", self.every, ">= 1")
         _require(self.min_spacing >= 0, "reset.min_spacing", self.min_spacing, ">= 0")
-        _require(0 < self.alpha <= 1, "reset.alpha", self.alpha, "in (0, 1]")
+        _require(self.alpha is None or 0 < self.alpha <= 1, "reset.alpha", self.alpha, "null or in (0, 1]")
         _require(0 <= self.kl_ema < 1, "reset.kl_ema", self.kl_ema, "in [0, 1)")
         _require(self.kl_warmup >= 0, "reset.kl_warmup", self.kl_warmup, ">= 0")
         _require(self.patience >= 1, "reset.patience", self.patience, ">= 1")
@@ -409,12 +389,7 @@ class ResetConfig:
             self.kl_threshold is None or self.kl_threshold > 0, "reset.kl_threshold", self.kl_threshold, "null or > 0"
         )
         _require(self.kl_multiple is None or self.kl_multiple > 1, "reset.kl_multiple", self.kl_multiple, "null or > 1")
-        _require(
-            self.trigger != ResetTrigger.kl_spike or (self.kl_threshold is not None or self.kl_multiple is not None),
-            "reset.kl_threshold",
-            self.kl_threshold,
-            "a value (or reset.kl_multiple) when reset.trigger=kl_spike",
-        )
+        registry.RESET_TRIGGERS[self.trigger].validate(self)  # the trigger's own requirements
 
 
 @dataclass
@@ -424,7 +399,7 @@ class OptResetConfig:
     ``rewarmup_steps`` > 0 ramps the LR linearly from lr/N back to lr over N steps after a reset.
     """
 
-    kind: OptResetKind = OptResetKind.keep
+    kind: str = "keep"  # a registered transform (registry.OPT_TRANSFORMS; opt_state.py has the built-ins)
     factor: float = 0.1  # soft: m and v scaled by this
     m_factor: float = 0.0  # asym: first moment scaled by this
     v_factor: float = 1.0  # asym: second moment scaled by this
@@ -436,18 +411,15 @@ class OptResetConfig:
             val = getattr(self, key)
             _require(0.0 <= val <= 1.0, f"opt_reset.{key}", val, "in [0, 1]")
         _require(self.rewarmup_steps >= 0, "opt_reset.rewarmup_steps", self.rewarmup_steps, ">= 0")
-        _require(
-            self.kind != OptResetKind.hard or self.step == StepPolicy.reset,
-            "opt_reset.step",
-            self.step.value,
-            "'reset' with kind=hard (a hard reset must equal a freshly built optimizer)",
-        )
-        _require(
-            self.kind != OptResetKind.keep or self.step == StepPolicy.keep,
-            "opt_reset.step",
-            self.step.value,
-            "'keep' with kind=keep (keep changes nothing)",
-        )
+        # a transform may fix the step policy (hard must equal a fresh optimizer; keep changes nothing)
+        meta = registry.OPT_TRANSFORMS.meta(self.kind)
+        if meta.get("step") is not None:
+            _require(
+                self.step.value == meta["step"],
+                "opt_reset.step",
+                self.step.value,
+                f"'{meta['step']}' with kind={self.kind} ({meta['why']})",
+            )
 
 
 @dataclass
@@ -677,9 +649,9 @@ class Config:
             "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
         )
         _require(
-            self.reset.trigger == ResetTrigger.none or self.variant.name == VariantName.C,
+            self.reset.trigger == "none" or self.variant.name == VariantName.C,
             "reset",
-            self.reset.trigger.value,
+            self.reset.trigger,
             f"'none' with variant {self.variant.name.value} (reference resets are variant C)",
         )
         _require(
@@ -708,7 +680,7 @@ class Config:
                 "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
             )
         _warn_step_counter_hazard(self)
-        if self.task.name == TaskName.reasoning_gym:
+        if self.task.name == "reasoning_gym":
             _require(
                 self.task.reasoning_gym.prompt_style != PromptStyle.chat or self.model.kind != ModelKind.native,
                 "task.reasoning_gym.prompt_style",
@@ -723,7 +695,7 @@ class Config:
             max_prompt + max_completion + 1 <= self.model.max_seq_len,
             "model.max_seq_len",
             self.model.max_seq_len,
-            f">= {max_prompt + max_completion + 1} for task {self.task.name.value} with max_len={self.task.max_len}",
+            f">= {max_prompt + max_completion + 1} for task {self.task.name} with max_len={self.task.max_len}",
         )
 
 
@@ -741,11 +713,11 @@ def _warn_step_counter_hazard(cfg: Config) -> None:
     per step. Repeated every <= 25 steps it collapsed learning (success 0.000 vs 0.61-0.70 for hard,
     3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time."""
     o, r = cfg.opt_reset, cfg.reset
-    v_scale = o.factor if o.kind == OptResetKind.soft else o.v_factor if o.kind == OptResetKind.asym else 1.0
-    frequent = r.trigger in (ResetTrigger.periodic, ResetTrigger.polyak) and r.every <= FREQUENT_RESETS
+    v_scale = o.factor if o.kind == "soft" else o.v_factor if o.kind == "asym" else 1.0
+    frequent = r.trigger in ("periodic", "polyak") and r.every <= FREQUENT_RESETS
     if cfg.variant.name == VariantName.C and v_scale < 1.0 and o.step == StepPolicy.keep and frequent:
         warnings.warn(
-            f"opt_reset={o.kind.value} scales Adam's v by {v_scale} with opt_reset.step=keep, and resets come every "
+            f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step=keep, and resets come every "
             f"{r.every} steps: the effective step size ratchets up at each reset (measured: learning collapses). "
             "Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
             StepCounterHazardWarning,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import GrowthConfig, Migration, ResetConfig, ResetTrigger, StallMetric
+from prorl_bench.config import GrowthConfig, Migration, ResetConfig, StallMetric
 from prorl_bench.lora import GrownParam
 from prorl_bench.opt_state import check_adam_state
 from prorl_bench.resets import ResetSchedule
@@ -63,8 +63,8 @@ class GrowthSchedule:
 
     def __init__(self, cfg: GrowthConfig, metric: StallMetric) -> None:
         self.cfg = cfg
-        self.periodic = ResetSchedule(ResetConfig(trigger=ResetTrigger.periodic, every=max(cfg.grow_every, 1)))
-        self.stall = ResetSchedule(ResetConfig(trigger=ResetTrigger.stall, patience=cfg.patience, metric=metric))
+        self.periodic = ResetSchedule(ResetConfig(trigger="periodic", every=max(cfg.grow_every, 1)))
+        self.stall = ResetSchedule(ResetConfig(trigger="stall", patience=cfg.patience, metric=metric))
 
     def observe_validation(self, value: float) -> None:
         if self.cfg.on_stall:

@@ -14,48 +14,51 @@ log-ratio to +-``log_ratio_clamp`` (20) before the exp, and the per-token value 
 value clamp on every estimator silently removed the KL gradient exactly on the tokens that drifted
 furthest (k2 for |l| > 4.47). For k3 the clamp is kept because its gradient 1 - exp(-l) explodes
 for l << 0; its price, stated: no KL gradient where k3 > 10, i.e. l < -2.61 or l > 11 (tested).
+
+Adding an estimator: ``@KL_ESTIMATORS.register("name", reward_only=..., clamped=...)`` on a function
+``(logp, logp_ref, log_ratio_clamp) -> per-token values``; ``reward_only=True`` forbids it as a loss
+term (config error), ``clamped=True`` clamps its value to +-kl_clamp.
 """
 
 from __future__ import annotations
 
 import torch
 
-from prorl_bench.config import KLName
+from prorl_bench.registry import KL_ESTIMATORS
 
 
 def log_ratio(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     return (logp - logp_ref).clamp(-clamp, clamp)
 
 
+@KL_ESTIMATORS.register("k1", reward_only=True, clamped=False)
 def k1(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     """``clamp`` unused (no exp): the gradient is 1 everywhere."""
     return logp - logp_ref
 
 
+@KL_ESTIMATORS.register("k2", reward_only=False, clamped=False)
 def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     """``clamp`` unused (no exp): the gradient is l everywhere."""
     return 0.5 * (logp - logp_ref).square()
 
 
+@KL_ESTIMATORS.register("k3", reward_only=False, clamped=True)
 def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     neg = -log_ratio(logp, logp_ref, clamp)  # log r
     return torch.expm1(neg) - neg
 
 
-_ESTIMATORS = {KLName.k1: k1, KLName.k2: k2, KLName.k3: k3}
-
-
 def kl_per_token(
-    name: KLName,
+    name: str,
     logp: torch.Tensor,
     logp_ref: torch.Tensor,
     log_ratio_clamp: float = 20.0,
     kl_clamp: float = 10.0,
 ) -> torch.Tensor:
     """Per-token estimate of KL(theta||ref), same shape as the inputs; k3 is clamped to +-kl_clamp."""
-    name = KLName(name)
-    value = _ESTIMATORS[name](logp, logp_ref, log_ratio_clamp)
-    return value.clamp(-kl_clamp, kl_clamp) if name == KLName.k3 else value
+    value = KL_ESTIMATORS[name](logp, logp_ref, log_ratio_clamp)
+    return value.clamp(-kl_clamp, kl_clamp) if KL_ESTIMATORS.meta(name)["clamped"] else value
 
 
 @torch.no_grad()

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import OptResetConfig, OptResetKind, StepPolicy
+from prorl_bench.config import OptResetConfig, StepPolicy
+from prorl_bench.registry import OPT_TRANSFORMS
 
 ADAMW_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
 
@@ -50,24 +51,46 @@ def scale_moments(optimizer: torch.optim.Optimizer, m_factor: float, v_factor: f
             state["step"].zero_()
 
 
+# Transforms: (cfg) -> (m_factor, v_factor, reset_step or None to follow opt_reset.step). Register
+# another with ``@OPT_TRANSFORMS.register(name, step=None|"keep"|"reset", why=...)``; ``step`` fixes
+# the step policy the config must state (checked at config time with ``why`` as the reason).
+@OPT_TRANSFORMS.register("keep", step="keep", why="keep changes nothing")
+def keep(cfg: OptResetConfig) -> tuple[float, float, bool | None]:
+    """ProRL v2: the optimizer is untouched."""
+    return 1.0, 1.0, None
+
+
+@OPT_TRANSFORMS.register("hard", step="reset", why="a hard reset must equal a freshly built optimizer")
+def hard(cfg: OptResetConfig) -> tuple[float, float, bool | None]:
+    """ProRL v1: m = v = 0 and step = 0 (= a fresh optimizer; the LR schedule restarts)."""
+    return 0.0, 0.0, True
+
+
+@OPT_TRANSFORMS.register("soft")
+def soft(cfg: OptResetConfig) -> tuple[float, float, bool | None]:
+    """m <- f m, v <- f v with f = opt_reset.factor."""
+    return cfg.factor, cfg.factor, None
+
+
+@OPT_TRANSFORMS.register("asym")
+def asym(cfg: OptResetConfig) -> tuple[float, float, bool | None]:
+    """m <- f_m m, v <- f_v v (e.g. forget the direction, keep the curvature)."""
+    return cfg.m_factor, cfg.v_factor, None
+
+
 def apply_opt_reset(optimizer: torch.optim.Optimizer, cfg: OptResetConfig) -> dict[str, Any]:
-    """Apply the configured transform in place. Returns a description for the reset event."""
-    reset_step = cfg.step == StepPolicy.reset
-    if cfg.kind == OptResetKind.keep:
+    """Apply the configured transform in place. Returns a description for the reset event.
+
+    A transform that changes nothing (m = v = 1, step kept) only checks the state layout, so
+    ``keep`` leaves the optimizer's tensors bit-for-bit untouched.
+    """
+    m, v, forced = OPT_TRANSFORMS[cfg.kind](cfg)
+    reset_step = cfg.step == StepPolicy.reset if forced is None else forced
+    if m == 1.0 and v == 1.0 and not reset_step:
         check_adam_state(optimizer)
-        m, v = 1.0, 1.0
-    elif cfg.kind == OptResetKind.hard:
-        m, v, reset_step = 0.0, 0.0, True
-        scale_moments(optimizer, m, v, reset_step)
-    elif cfg.kind == OptResetKind.soft:
-        m = v = cfg.factor
-        scale_moments(optimizer, m, v, reset_step)
-    elif cfg.kind == OptResetKind.asym:
-        m, v = cfg.m_factor, cfg.v_factor
-        scale_moments(optimizer, m, v, reset_step)
     else:
-        raise ValueError(f"opt_reset.kind={cfg.kind!r}: allowed {[k.value for k in OptResetKind]}")
-    return {"opt_reset": cfg.kind.value, "m_factor": m, "v_factor": v, "step_reset": reset_step}
+        scale_moments(optimizer, m, v, reset_step)
+    return {"opt_reset": cfg.kind, "m_factor": m, "v_factor": v, "step_reset": reset_step}
 
 
 def moment_norms(optimizer: torch.optim.Optimizer) -> tuple[float, float]:

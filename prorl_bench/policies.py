@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from prorl_bench.base import load_or_train_base
-from prorl_bench.config import AdapterKind, Config, ConfigError, ModelKind, PromptStyle, TaskName
+from prorl_bench.config import AdapterKind, Config, ConfigError, ModelKind, PromptStyle
 from prorl_bench.model import TransformerPolicy
 from prorl_bench.tasks import CharTokenizer, Task
 
@@ -26,7 +26,7 @@ def build_tokenizer(cfg: Config):
         from prorl_bench.hf_model import load_tokenizer
 
         rg = cfg.task.reasoning_gym
-        chat = cfg.task.name == TaskName.reasoning_gym and rg.prompt_style == PromptStyle.chat
+        chat = cfg.task.name == "reasoning_gym" and rg.prompt_style == PromptStyle.chat
         return load_tokenizer(cfg.model.path, chat=chat)
     return CharTokenizer()
 

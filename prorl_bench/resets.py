@@ -1,9 +1,10 @@
-"""Reference resets: when to reset (triggers) and what a reset does to pi_ref.
+"""Reference resets: when to reset (registered triggers) and what a reset does to pi_ref.
 
 Triggers are small state machines fed one step at a time (``observe_step``) and one held-out
-evaluation at a time (``observe_validation``); ``due(step)`` returns the reason for a reset or None.
-They are pure Python (no torch), so they are unit-tested on synthetic metric streams. A global
-``min_spacing`` suppresses a reset closer than that to the previous one.
+evaluation at a time (``observe_validation``); ``ResetSchedule.due(step)`` returns the reason for a
+reset or None. They are pure Python (no torch), so they are unit-tested on synthetic metric streams.
+A global ``min_spacing`` suppresses a reset closer than that to the previous one. What a reset does
+is ``reset_reference`` with ``ResetSchedule.alpha`` (1 = a copy).
 """
 
 from __future__ import annotations
@@ -13,26 +14,90 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import ResetConfig, ResetTrigger
+from prorl_bench.config import ConfigError, ResetConfig
+from prorl_bench.registry import RESET_TRIGGERS
 
 
-class ResetSchedule:
-    """Decides, at each step boundary, whether the reference is reset and why."""
+class Trigger:
+    """When to reset: fed one step (``observe_step``) and one held-out evaluation
+    (``observe_validation``) at a time; ``fire(step)`` returns a reason or None.
 
-    def __init__(self, cfg: ResetConfig) -> None:
+    Adding a trigger: subclass, decorate with ``@RESET_TRIGGERS.register("name")`` and select it
+    with ``reset.trigger=name``; ``validate`` states its config requirements (ConfigError). What a
+    reset *does* (copy, or an alpha-mix) is ``reset.alpha``, independent of the trigger; ``alpha``
+    below is only the trigger's default for it.
+    """
+
+    alpha = 1.0  # default pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref when reset.alpha is null
+    STATE: tuple[str, ...] = ()  # attributes saved in checkpoints
+
+    def __init__(self, cfg: ResetConfig, name: str) -> None:
         self.cfg = cfg
-        self.last_reset = 0  # step of the previous reset (0 = start of training)
+        self.name = name
+
+    @classmethod
+    def validate(cls, cfg: ResetConfig) -> None:
+        """Raise ConfigError if ``cfg`` lacks what this trigger needs."""
+
+    def observe_step(self, step: int, kl_ref: float | None) -> None:
+        """The step's KL to the reference (nats/token), None without a reference."""
+
+    def observe_validation(self, value: float) -> None:
+        """One held-out evaluation of ``reset.metric`` (regular evaluations only)."""
+
+    def fire(self, step: int) -> str | None:
+        """Reason for a reset at the end of ``step``, or None; consumes a pending condition."""
+        return None
+
+    def on_reset(self) -> None:
+        """The reference was reset: statistics relative to the old reference start over."""
+
+
+@RESET_TRIGGERS.register("none")
+class Never(Trigger):
+    """No resets (variants A0-A2 and B, and C without resets)."""
+
+
+@RESET_TRIGGERS.register("periodic")
+class Periodic(Trigger):
+    """Every ``reset.every`` steps."""
+
+    def fire(self, step: int) -> str | None:
+        return f"{self.name}: every {self.cfg.every} steps" if step % self.cfg.every == 0 else None
+
+
+@RESET_TRIGGERS.register("polyak")
+class Polyak(Periodic):
+    """TRL's ``sync_ref_model``: every ``reset.every`` steps with a default mix of ``reset.alpha``
+    = 0.6 (``ref_model_mixup_alpha``)."""
+
+    alpha = 0.6
+
+
+@RESET_TRIGGERS.register("kl_spike")
+class KLSpike(Trigger):
+    """KL to the reference above ``kl_threshold``, or above ``kl_multiple`` x its running mean
+    (EMA with decay ``kl_ema``, after ``kl_warmup`` steps of history)."""
+
+    STATE = ("kl_mean", "kl_seen", "_pending")
+
+    def __init__(self, cfg: ResetConfig, name: str) -> None:
+        super().__init__(cfg, name)
         self.kl_mean: float | None = None
         self.kl_seen = 0
-        self.best: float | None = None
-        self.stale = 0  # evaluations since the best one
         self._pending: str | None = None
 
-    # -- observations
+    @classmethod
+    def validate(cls, cfg: ResetConfig) -> None:
+        if cfg.kl_threshold is None and cfg.kl_multiple is None:
+            raise ConfigError(
+                f"invalid config value reset.kl_threshold={cfg.kl_threshold!r}: allowed a value (or "
+                "reset.kl_multiple) when reset.trigger=kl_spike"
+            )
+
     def observe_step(self, step: int, kl_ref: float | None) -> None:
-        """Feed the step's KL to the reference (nats/token); checks the kl_spike condition."""
         c = self.cfg
-        if c.trigger != ResetTrigger.kl_spike or kl_ref is None or math.isnan(kl_ref):
+        if kl_ref is None or math.isnan(kl_ref):
             return
         if c.kl_threshold is not None and kl_ref > c.kl_threshold:
             self._pending = f"kl_spike: kl/ref={kl_ref:.4g} > threshold {c.kl_threshold:g}"
@@ -47,10 +112,28 @@ class ResetSchedule:
         self.kl_mean = kl_ref if self.kl_mean is None else c.kl_ema * self.kl_mean + (1 - c.kl_ema) * kl_ref
         self.kl_seen += 1
 
+    def fire(self, step: int) -> str | None:
+        reason, self._pending = self._pending, None
+        return reason
+
+    def on_reset(self) -> None:
+        self.kl_mean, self.kl_seen = None, 0
+
+
+@RESET_TRIGGERS.register("stall")
+class Stall(Trigger):
+    """``reset.metric`` has not improved on its best by more than ``min_delta`` for ``patience``
+    evaluations."""
+
+    STATE = ("best", "stale", "_pending")
+
+    def __init__(self, cfg: ResetConfig, name: str) -> None:
+        super().__init__(cfg, name)
+        self.best: float | None = None
+        self.stale = 0  # evaluations since the best one
+        self._pending: str | None = None
+
     def observe_validation(self, value: float) -> None:
-        """Feed one held-out evaluation of ``cfg.metric``; checks the stall condition."""
-        if self.cfg.trigger != ResetTrigger.stall:
-            return
         if self.best is None or value > self.best + self.cfg.min_delta:
             self.best, self.stale = value, 0
             return
@@ -60,34 +143,55 @@ class ResetSchedule:
                 f"stall: {self.cfg.metric.value} has not improved on {self.best:.4g} for {self.stale} evaluations"
             )
 
-    # -- decision
+    def fire(self, step: int) -> str | None:
+        reason, self._pending = self._pending, None
+        return reason
+
+    def on_reset(self) -> None:
+        self.best, self.stale = None, 0
+
+
+class ResetSchedule:
+    """Decides, at each step boundary, whether the reference is reset and why: the configured
+    trigger, with a global ``min_spacing`` (a condition closer than that to the previous reset is
+    dropped, not queued). Growth uses the same triggers (growth.py)."""
+
+    def __init__(self, cfg: ResetConfig) -> None:
+        self.cfg = cfg
+        self.trigger: Trigger = RESET_TRIGGERS[cfg.trigger](cfg, cfg.trigger)
+        self.last_reset = 0  # step of the previous reset (0 = start of training)
+
+    @property
+    def alpha(self) -> float:
+        """Mixing weight of pi_theta at a reset: ``reset.alpha``, or the trigger's default."""
+        return self.trigger.alpha if self.cfg.alpha is None else self.cfg.alpha
+
+    def observe_step(self, step: int, kl_ref: float | None) -> None:
+        self.trigger.observe_step(step, kl_ref)
+
+    def observe_validation(self, value: float) -> None:
+        self.trigger.observe_validation(value)
+
     def due(self, step: int) -> str | None:
         """Reason for a reset at the end of ``step``, or None. Consumes the pending condition."""
-        c = self.cfg
-        if c.trigger == ResetTrigger.none:
-            return None
-        if c.trigger in (ResetTrigger.periodic, ResetTrigger.polyak):
-            reason = f"{c.trigger.value}: every {c.every} steps" if step % c.every == 0 else None
-        else:
-            reason, self._pending = self._pending, None
+        reason = self.trigger.fire(step)
         if reason is None:
             return None
-        if step - self.last_reset < c.min_spacing and self.last_reset > 0:
+        if step - self.last_reset < self.cfg.min_spacing and self.last_reset > 0:
             return None  # too close to the previous reset; the condition is dropped, not queued
         return reason
 
     def mark_reset(self, step: int) -> None:
         self.last_reset = step
-        # after a reset the reference is new: the stall baseline and KL statistics start over
-        self.best, self.stale = None, 0
-        self.kl_mean, self.kl_seen = None, 0
+        self.trigger.on_reset()
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("last_reset", "kl_mean", "kl_seen", "best", "stale", "_pending")}
+        return {"last_reset": self.last_reset, **{k: getattr(self.trigger, k) for k in self.trigger.STATE}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
+        self.last_reset = state["last_reset"]
+        for k in self.trigger.STATE:
+            setattr(self.trigger, k, state[k])
 
 
 @torch.no_grad()

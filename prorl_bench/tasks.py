@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from prorl_bench.config import ConfigError, RewardKind, TaskConfig, TaskName
+from prorl_bench.config import RewardKind, TaskConfig
+from prorl_bench.registry import TASKS, ConfigError
 
 
 class CharTokenizer:
@@ -108,7 +109,7 @@ class Task:
         completion_len: Callable[[int], int],
     ) -> None:
         self.cfg = cfg
-        self.name = cfg.name.value
+        self.name = cfg.name
         self._tag = tag
         self._make_input = make_input
         self.max_prompt_len = 1 + prompt_len(cfg.max_len)  # + BOS
@@ -171,6 +172,25 @@ class Task:
         return self.reward(completion, problem.target), self.success(completion, problem.target)
 
 
+def symbol_task(
+    name: str, tag: str, prompt_len: Callable[[int], int], completion_len: Callable[[int], int]
+) -> Callable[[Callable[[random.Random, int], tuple[str, str]]], Callable[[random.Random, int], tuple[str, str]]]:
+    """Register a generator ``(rng, n) -> (input, target)`` as task ``name``: prompts are
+    ``<tag><input>=`` (``tag``: one character of the tokenizer's alphabet, unique per task), and
+    ``prompt_len(n)``/``completion_len(n)`` bound the prompt (tag and "=" included) and the target
+    for ``n`` = task.max_len. ``task.name=name`` then selects it; nothing else is edited."""
+
+    def deco(fn: Callable[[random.Random, int], tuple[str, str]]) -> Callable[[random.Random, int], tuple[str, str]]:
+        TASKS.add(name, lambda cfg: Task(cfg, tag, fn, prompt_len, completion_len))
+        return fn
+
+    return deco
+
+
+def _tagged(n: int) -> int:
+    return n + 2  # "<tag><n symbols>="
+
+
 def _digits(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("0123456789") for _ in range(n))
 
@@ -180,46 +200,44 @@ def _number(rng: random.Random, n: int) -> int:
     return rng.randint(lo, 10**n - 1)
 
 
+@symbol_task("reverse_digits", "R", _tagged, lambda n: n)
 def _reverse(rng: random.Random, n: int) -> tuple[str, str]:
     x = _digits(rng, n)
     return x, x[::-1]
 
 
+@symbol_task("copy", "C", _tagged, lambda n: n)
 def _copy(rng: random.Random, n: int) -> tuple[str, str]:
     x = _digits(rng, n)
     return x, x
 
 
+@symbol_task("sort_digits", "S", _tagged, lambda n: n)
 def _sort(rng: random.Random, n: int) -> tuple[str, str]:
     x = _digits(rng, n)
     return x, "".join(sorted(x))
 
 
+@symbol_task("parity", "P", _tagged, lambda n: 1)
 def _parity(rng: random.Random, n: int) -> tuple[str, str]:
     x = "".join(rng.choice("01") for _ in range(n))
     return x, str(x.count("1") % 2)
 
 
+@symbol_task("add", "A", lambda n: 2 * n + 3, lambda n: n + 1)
 def _add(rng: random.Random, n: int) -> tuple[str, str]:
     a, b = _number(rng, n), _number(rng, n)
     return f"{a}+{b}", str(a + b)
 
 
-def make_task(cfg: TaskConfig) -> Task:
-    """Build the task named by ``cfg.name``. Lengths: symbols in the input (per operand for add)."""
-    if cfg.name == TaskName.reasoning_gym:
-        from prorl_bench.reasoning_gym_task import ReasoningGymTask  # optional extra, imported lazily
+@TASKS.register("reasoning_gym")
+def _reasoning_gym(cfg: TaskConfig) -> Task:
+    from prorl_bench.reasoning_gym_task import ReasoningGymTask  # optional extra, imported lazily
 
-        return ReasoningGymTask(cfg)
-    same = (lambda n: n + 2, lambda n: n)  # "<tag><n symbols>=" -> n symbols
-    table = {
-        TaskName.reverse_digits: ("R", _reverse, *same),
-        TaskName.copy: ("C", _copy, *same),
-        TaskName.sort_digits: ("S", _sort, *same),
-        TaskName.parity: ("P", _parity, lambda n: n + 2, lambda n: 1),
-        TaskName.add: ("A", _add, lambda n: 2 * n + 3, lambda n: n + 1),
-    }
-    if cfg.name not in table:
-        raise ConfigError(f"task.name={cfg.name!r}: allowed {[t.value for t in table]}")
-    tag, fn, plen, clen = table[cfg.name]
-    return Task(cfg, tag, fn, plen, clen)
+    return ReasoningGymTask(cfg)  # type: ignore[return-value]
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """Build the task named by ``cfg.name`` (a registered task; ConfigError lists the allowed names).
+    Lengths: symbols in the input (per operand for add)."""
+    return TASKS[cfg.name](cfg)

@@ -39,11 +39,8 @@ from prorl_bench.config import (
     DType,
     GrowthKind,
     K2Mode,
-    KLName,
     KLPlacement,
     LossAgg,
-    OptResetKind,
-    ResetTrigger,
     VariantName,
 )
 from prorl_bench.evaluation import completions, score, validate
@@ -57,6 +54,7 @@ from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
+from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.rundir import RunDirLock
@@ -270,7 +268,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         if kl_cfg.placement == KLPlacement.reward and beta > 0:
             all_rows = torch.arange(len(batch), device=device)
             logp_ref_all = ref.logp(all_rows, batch, acct)
-            if kl_cfg.name == KLName.k2 and kl_cfg.k2_mode == K2Mode.ref_over_old:
+            if kl_cfg.name == "k2" and kl_cfg.k2_mode == K2Mode.ref_over_old:
                 kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
             else:
                 kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
@@ -334,7 +332,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
                         ("entropy", ent),
                         ("clip_frac", aggregate(clipped.float(), mb_mask, diagnostic_agg(a.loss_agg))),
                         ("grad_norm", grad_norm),
-                        ("kl/old", aggregate(kl_per_token(KLName.k3, logp, logp_old[idx]), mb_mask, diag_agg)),
+                        ("kl/old", aggregate(kl_per_token("k3", logp, logp_old[idx]), mb_mask, diag_agg)),
                     ):
                         sums[key] = sums[key] + val.detach()
 
@@ -376,7 +374,9 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         row["reset"] = int(reason is not None)
         if reason is not None:
             with acct.stage("reset"):
-                info = _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, mb_size)
+                info = _reset(
+                    cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, mb_size, resets.alpha
+                )
             resets.mark_reset(step)
             out.event(step, "reset", reason, **info)
         kl_ctl.update(row["kl/ref"] if ref.model is not None else row["kl/old"])
@@ -486,28 +486,28 @@ def _kl_to(cfg: Config, other: torch.nn.Module, policy, batch, logp_old, rows, b
     return float(aggregate(kl_tok, batch.completion_mask[rows], diagnostic_agg(cfg.algo.loss_agg)))
 
 
-def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk) -> dict[str, Any]:
-    """Reset pi_ref (copy, or polyak alpha-mix) and transform the optimizer state; describe it.
+def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk, alpha) -> dict[str, Any]:
+    """Reset pi_ref (a copy for alpha = 1, else a polyak alpha-mix) and transform the optimizer state;
+    describe it.
 
     The KL of the current policy to the reference is measured on this step's rollout just before
     and just after the reset (one policy and two reference forwards, charged to time/reset).
     """
     t = cfg.algo.temperature
-    polyak = cfg.reset.trigger == ResetTrigger.polyak
     logp = chunked_logprobs(policy, batch, t, banned, chunk)
     _count_policy_forward(acct, policy, batch, backward=False)
 
     def kl_now() -> float:
         ref._forward_cost(acct, batch)
         lr = chunked_logprobs(ref.model, batch, t, banned, chunk)
-        return float(aggregate(kl_per_token(KLName.k3, logp, lr), batch.completion_mask, LossAgg.token))
+        return float(aggregate(kl_per_token("k3", logp, lr), batch.completion_mask, LossAgg.token))
 
     kl_before = kl_now()
     m_before, v_before = moment_norms(optimizer)
-    reset_reference(ref.model, policy, cfg.reset.alpha if polyak else 1.0)
+    reset_reference(ref.model, policy, alpha)
     opt_info = apply_opt_reset(optimizer, cfg.opt_reset)
     o = cfg.opt_reset
-    if o.kind == OptResetKind.hard:  # a fresh optimizer comes with a fresh LR schedule
+    if OPT_TRANSFORMS.meta(o.kind).get("step") == "reset":  # a fresh optimizer comes with a fresh LR schedule
         schedule.restart(step + 1, max(cfg.algo.lr_warmup_steps, o.rewarmup_steps))
     elif o.rewarmup_steps > 0:
         schedule.restart(step + 1, o.rewarmup_steps)
@@ -515,8 +515,8 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
         kl_ctl.restore()
     m_after, v_after = moment_norms(optimizer)
     return {
-        "action": "polyak" if polyak else "copy",
-        "alpha": cfg.reset.alpha if polyak else 1.0,
+        "action": "polyak" if alpha < 1.0 else "copy",
+        "alpha": alpha,
         "kl_before": kl_before,
         "kl_after": kl_now(),
         **opt_info,
@@ -601,7 +601,7 @@ def _reference_kl(
     agg = diagnostic_agg(cfg.algo.loss_agg)
     return {
         "kl/ref": float(aggregate(kl_per_token(k.name, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
-        "kl/ref_k1": float(aggregate(kl_per_token(KLName.k1, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
+        "kl/ref_k1": float(aggregate(kl_per_token("k1", lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
         "kl/k2_ref_over_old": float(aggregate(k2_ref_over_old(lr, lo), m, agg)),
     }
 

@@ -15,7 +15,6 @@ from prorl_bench.config import (  # noqa: E402
     ModelConfig,
     ModelKind,
     TaskConfig,
-    TaskName,
     VariantConfig,
     VariantName,
     WarmupConfig,
@@ -27,7 +26,7 @@ TRAJECTORY_KEYS = ("reward/mean", "loss/total", "loss/pg", "loss/kl", "entropy",
 
 def _cfg(path, variant: VariantName, impl: HFImpl = HFImpl.auto, steps: int = 3, **warm) -> Config:
     return Config(
-        task=TaskConfig(name=TaskName.reverse_digits, min_len=2, max_len=3, val_size=4),
+        task=TaskConfig(name="reverse_digits", min_len=2, max_len=3, val_size=4),
         variant=VariantConfig(name=variant),
         model=ModelConfig(kind=ModelKind.hf_causal_lm, path=str(path), impl=impl),
         algo=AlgoConfig(prompts_per_step=2, group_size=4, minibatches=2, ppo_epochs=2),
@@ -82,7 +81,7 @@ def test_warmup_on_an_hf_model_is_opt_in_and_cached(tiny_hf_dir, tmp_path):
         batch_size=32,
         lr=1e-2,
     )
-    cfg.task = TaskConfig(name=TaskName.copy, min_len=1, max_len=1, val_size=4)
+    cfg.task = TaskConfig(name="copy", min_len=1, max_len=1, val_size=4)
     first = train(cfg, tmp_path / "a", tmp_path / "cache")
     assert first["base"]["cached"] is False and first["base"]["warmup_steps"] >= 20
     second = train(cfg, tmp_path / "b", tmp_path / "cache")

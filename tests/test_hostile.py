@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
 from prorl_bench.base import WarmupFailed
-from prorl_bench.config import ConfigError, TaskConfig, TaskName, to_config
+from prorl_bench.config import ConfigError, TaskConfig, to_config
+from prorl_bench.registry import TASKS
 from prorl_bench.tasks import CharTokenizer, make_task, partial_reward
 
 from .conftest import compose_cfg
@@ -101,14 +102,14 @@ def _task_and_problem(name):
     return task, task.val_set()[0]
 
 
-TASKS = {name: _task_and_problem(name) for name in TaskName}  # reasoning_gym included (dev extra)
+PROBLEMS = {name: _task_and_problem(name) for name in TASKS.names()}  # reasoning_gym included (dev extra)
 
 
 @given(
-    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30), st.sampled_from(list(TaskName))
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30), st.sampled_from(TASKS.names())
 )
 def test_verifiers_accept_any_completion(completion, name):
-    task, problem = TASKS[name]
+    task, problem = PROBLEMS[name]
     reward, success = task.score(completion, problem)
     assert 0.0 <= reward <= 1.0 and success == (reward >= 1.0)
     assert 0.0 <= partial_reward(completion, problem.target) <= 1.0

@@ -18,7 +18,6 @@ from prorl_bench.config import (  # noqa: E402
     PromptStyle,
     ReasoningGymConfig,
     TaskConfig,
-    TaskName,
     WarmupConfig,
 )
 from prorl_bench.evaluation import score  # noqa: E402
@@ -35,7 +34,7 @@ ARGS = {
 
 def _task_cfg(gens=GENS, **kw) -> TaskConfig:
     rg = ReasoningGymConfig(generators=list(gens), generator_args={g: ARGS[g] for g in gens}, max_answer_chars=24, **kw)
-    return TaskConfig(name=TaskName.reasoning_gym, val_size=32, reasoning_gym=rg)
+    return TaskConfig(name="reasoning_gym", val_size=32, reasoning_gym=rg)
 
 
 def test_generators_split_and_verifier():
@@ -80,7 +79,7 @@ def test_bad_generator_args_fail_clearly():
         ReasoningGymConfig(generators=["spell_backward"], generator_args={"basic_arithmetic": {}})
     task = make_task(
         TaskConfig(
-            name=TaskName.reasoning_gym,
+            name="reasoning_gym",
             reasoning_gym=ReasoningGymConfig(
                 generators=["spell_backward"], generator_args={"spell_backward": {"no_such_arg": 1}}
             ),

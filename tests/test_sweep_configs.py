@@ -83,7 +83,7 @@ def test_ablation_arms_select_their_variant_and_c_resets():
     for arm in ("A0", "A1", "A2", "B", "C"):
         conf = _validate(["+sweep=ablation", f"+arm={arm}"])
         assert conf.variant.name.value == arm
-        assert (conf.reset.trigger.value != "none") == (arm == "C")
+        assert (conf.reset.trigger != "none") == (arm == "C")
 
 
 def test_kl_grid_pairs_are_valid_and_distinct():
@@ -91,7 +91,7 @@ def test_kl_grid_pairs_are_valid_and_distinct():
     seen = set()
     for name in names:
         conf = _validate(["+sweep=kl_estimator", f"+kl_setup={name}"])
-        pair = (conf.kl_estimator.name.value, conf.kl_estimator.placement.value)
+        pair = (conf.kl_estimator.name, conf.kl_estimator.placement.value)
         assert f"{pair[0]}_{pair[1]}" == name
         seen.add(pair)
     assert ("k1", "reward") in seen and ("k1", "loss") not in seen and len(seen) == 5

@@ -24,12 +24,12 @@ def test_presets_run_end_to_end(run_exp, preset):
 
 def test_presets_pin_their_recipes():
     v1 = make_config(["experiment=prorl_v1"])
-    assert (v1.reset.trigger.value, v1.opt_reset.kind.value, v1.algo.eps_high) == ("stall", "hard", 0.4)
+    assert (v1.reset.trigger, v1.opt_reset.kind, v1.algo.eps_high) == ("stall", "hard", 0.4)
     v2 = make_config(["experiment=prorl_v2"])
-    assert (v2.reset.trigger.value, v2.opt_reset.kind.value, v2.kl_estimator.name.value) == ("periodic", "keep", "k2")
-    assert (v2.algo.eps_high, v2.algo.advantage.value) == (0.27, "reinforce_pp_baseline")
+    assert (v2.reset.trigger, v2.opt_reset.kind, v2.kl_estimator.name) == ("periodic", "keep", "k2")
+    assert (v2.algo.eps_high, v2.algo.advantage) == (0.27, "reinforce_pp_baseline")
     assert make_config(["experiment=trl_sync"]).reset.alpha == 0.6
-    assert make_config(["experiment=noma_soft"]).opt_reset.kind.value == "soft"
+    assert make_config(["experiment=noma_soft"]).opt_reset.kind == "soft"
 
 
 def test_periodic_reset_makes_the_reference_equal_to_the_policy(base_cache, tmp_path, monkeypatch):
