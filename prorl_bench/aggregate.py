@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from prorl_bench import stats
-from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, load_sweep
+from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep
 
 OUT_SUBDIR = "aggregate"
 SWEEP_DIR_FILE_ENV = "PRORL_BENCH_SWEEP_DIR_FILE"  # prorl-bench-sweep learns the sweep dir through it
@@ -216,19 +216,6 @@ def run_metrics(run: RunRecord, threshold: float = DEFAULT_THRESHOLD, window: in
     out["kl_base_final"] = kb[-1] if kb else stats.NAN
     _event_figures(run, steps, window, out)
     return out
-
-
-def group_label(sweep: Sweep, run: RunRecord) -> str:
-    """Readable group name: ``A0`` for one varied key, ``placement=reward, beta=0.01`` for several
-    (plus the differing settings when runs with one label did not share their settings)."""
-    if run.group:
-        return run.group
-    if not sweep.group_keys:
-        return "all"
-    values = sweep.group_of(run)
-    if len(values) == 1:
-        return values[0]
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(sweep.group_keys, values))
 
 
 def _first_line(text: str | None, limit: int = 160) -> str:

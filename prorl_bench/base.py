@@ -32,7 +32,8 @@ from prorl_bench.config import Config
 from prorl_bench.evaluation import evaluate
 from prorl_bench.model import TransformerPolicy
 from prorl_bench.rollout import Rollout, token_logprobs
-from prorl_bench.tasks import CharTokenizer, Problem, Task
+from prorl_bench.tasks import Problem, Task
+from prorl_bench.tokenizers import CharTokenizer
 
 BASE_FORMAT = 2  # bump when the warm-up procedure changes, so old caches are not reused
 

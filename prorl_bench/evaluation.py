@@ -29,7 +29,8 @@ import torch
 
 from prorl_bench.passk import distinct_per_prompt, mean_pass_at_k
 from prorl_bench.rollout import Rollout, generate, token_logprobs
-from prorl_bench.tasks import CharTokenizer, Problem, Task
+from prorl_bench.tasks import Problem, Task
+from prorl_bench.tokenizers import CharTokenizer
 
 
 def completions(tok: CharTokenizer, batch: Rollout) -> list[str]:

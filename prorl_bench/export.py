@@ -173,7 +173,7 @@ def export_native(policy: nn.Module, cfg: Config, vocab_size: int, out: str | Pa
     """Write the native format (module docstring) to ``out``."""
     from safetensors.torch import save_file
 
-    from prorl_bench.tasks import CharTokenizer
+    from prorl_bench.tokenizers import CharTokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ def load_native(path: str | Path) -> tuple[nn.Module, Any]:
 
     from prorl_bench.config import HFImpl
     from prorl_bench.model import TransformerPolicy
-    from prorl_bench.tasks import CharTokenizer
+    from prorl_bench.tokenizers import CharTokenizer
 
     p = Path(path)
     meta = json.loads((p / "config.json").read_text())

@@ -69,14 +69,6 @@ class HFTokenizer:
         return len(self.hf)
 
     @property
-    def pad_id(self) -> int:
-        return self.PAD
-
-    @property
-    def eos_id(self) -> int:
-        return self.EOS
-
-    @property
     def banned_ids(self) -> tuple[int, ...]:
         """PAD and BOS are never sampled (unless one of them is the EOS id)."""
         return tuple(sorted({i for i in (self.PAD, self.BOS) if i is not None and i != self.EOS}))

@@ -27,8 +27,7 @@ import seaborn as sns
 
 from prorl_bench import stats
 from prorl_bench.accounting import STAGES as ACCOUNTING_STAGES
-from prorl_bench.aggregate import group_label
-from prorl_bench.sweepdir import Sweep
+from prorl_bench.sweepdir import Sweep, group_label
 
 STAGES = [f"time/{stage}" for stage in ACCOUNTING_STAGES]
 MARKERS = {"reset": "--", "growth": ":"}

@@ -17,7 +17,8 @@ import torch
 from prorl_bench.base import load_or_train_base
 from prorl_bench.config import AdapterKind, Config, ConfigError, ModelKind, PromptStyle
 from prorl_bench.model import TransformerPolicy
-from prorl_bench.tasks import CharTokenizer, Task
+from prorl_bench.tasks import Task
+from prorl_bench.tokenizers import CharTokenizer
 
 
 def build_tokenizer(cfg: Config):

@@ -226,8 +226,3 @@ class ReasoningGymTask:
             return self._train[name]
         return self._dataset(name, self.rg_cfg.val_seed, 1)
 
-    def reward(self, completion: str, target: str) -> float:  # target-only interface: not enough here
-        raise TypeError(f"{self.name}: use score(completion, problem); the verifier needs the entry")
-
-    def success(self, completion: str, target: str) -> bool:
-        raise TypeError(f"{self.name}: use score(completion, problem); the verifier needs the entry")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -126,7 +127,31 @@ class Reference:
         self.chunk = chunk
         self._flops_per_token = flops_per_token
 
-    def _forward_cost(self, acct: StepAccounting, batch: Rollout) -> None:
+    # -- what the trainer asks of every strategy
+    objective = "kl_to_reference"  # the output label of the KL anchor (B: "trust_region_vs_old")
+
+    @property
+    def exists(self) -> bool:
+        """Whether a reference model exists (False for B): KL-to-reference metrics, resets."""
+        return self.model is not None
+
+    def models(self) -> list[torch.nn.Module]:
+        """Models that must follow the policy's topology (rank growth): the reference, if any."""
+        return [] if self.model is None else [self.model]
+
+    def anchor(self, logp_ref: torch.Tensor | None, logp_old: torch.Tensor) -> torch.Tensor:
+        """The logprobs the KL term is taken against: the reference's (B: pi_old's)."""
+        return logp_ref if logp_ref is not None else logp_old
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.model is None else self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.model is not None:
+            self.model.load_state_dict(state)
+
+    def forward_cost(self, acct: StepAccounting, batch: Rollout) -> None:
+        """Charge one reference forward over ``batch`` to the step's accounting."""
         tokens = batch.key_mask.sum()  # a device scalar: StepAccounting reads it once per step
         acct.forward("ref", tokens, tokens * self._flops_per_token(batch.ids.shape[1]))
 
@@ -140,6 +165,8 @@ class Reference:
 
 class NoReference(Reference):
     """Variant B: no reference model is built; there is nothing to compute."""
+
+    objective = "trust_region_vs_old"
 
     def logp(self, idx: torch.Tensor, mb: Rollout, acct: StepAccounting) -> None:
         return None
@@ -155,7 +182,7 @@ class CachedReference(Reference):
 
     def prepare(self, batch: Rollout, acct: StepAccounting) -> None:
         self._cache = chunked_logprobs(self.model, batch, self.temperature, self.banned, self.chunk)
-        self._forward_cost(acct, batch)
+        self.forward_cost(acct, batch)
 
     def logp(self, idx: torch.Tensor, mb: Rollout, acct: StepAccounting) -> torch.Tensor:
         return self._cache[idx]
@@ -181,7 +208,7 @@ class BufferedReference(CachedReference):
         view = self.buffer[:b, :length]
         chunked_logprobs(self.model, batch, self.temperature, self.banned, self.chunk, out=view)
         self._cache = view
-        self._forward_cost(acct, batch)
+        self.forward_cost(acct, batch)
 
 
 class RecomputeReference(Reference):
@@ -193,7 +220,7 @@ class RecomputeReference(Reference):
 
     @torch.no_grad()
     def logp(self, idx: torch.Tensor, mb: Rollout, acct: StepAccounting) -> torch.Tensor:
-        self._forward_cost(acct, mb)
+        self.forward_cost(acct, mb)
         return token_logprobs(self.model, mb, self.temperature, self.banned)[0]
 
 

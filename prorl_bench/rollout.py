@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prorl_bench.guards import NonFiniteError
-from prorl_bench.tasks import CharTokenizer
+from prorl_bench.tokenizers import CharTokenizer
 
 _NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
 

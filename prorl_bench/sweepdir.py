@@ -226,3 +226,16 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         )
     group_keys, fixed = _group_keys(runs)
     return Sweep(sweep_dir, runs, group_keys, fixed)
+
+
+def group_label(sweep: Sweep, run: RunRecord) -> str:
+    """Readable group name: ``A0`` for one varied key, ``placement=reward, beta=0.01`` for several
+    (plus the differing settings when runs with one label did not share their settings)."""
+    if run.group:
+        return run.group
+    if not sweep.group_keys:
+        return "all"
+    values = sweep.group_of(run)
+    if len(values) == 1:
+        return values[0]
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(sweep.group_keys, values))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import random
-import signal
-import time
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -21,12 +19,9 @@ import torch
 from prorl_bench.accounting import COUNTERS, STAGES, StepAccounting, measured_matmul_peak
 from prorl_bench.advantages import compute_advantages, informative_groups
 from prorl_bench.checkpoint import (
-    config_dict,
     finished_summary,
     load_latest,
-    restore_rng,
     rewrite_logs,
-    rng_state,
     save_checkpoint,
     truncate_logs,
 )
@@ -45,9 +40,10 @@ from prorl_bench.config import (
 )
 from prorl_bench.evaluation import completions, score, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
-from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
+from prorl_bench.guards import NonFiniteGuard
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.kl_control import KLController
+from prorl_bench.lifecycle import RunSession, RunState
 from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
@@ -59,7 +55,6 @@ from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
 from prorl_bench.rundir import RunDirLock
 from prorl_bench.schedule import LRSchedule
-from prorl_bench.sinks import open_writer
 from prorl_bench.tasks import make_task
 
 
@@ -107,8 +102,6 @@ def train(
 
 
 def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None):
-    wall0 = time.perf_counter()
-    wall_before = 0.0  # wall time of earlier segments of this run (resumed runs)
     device = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
@@ -117,338 +110,270 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     task = make_task(cfg.task)
     bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
+    batch_size = a.prompts_per_step * a.group_size
+    mb_size = batch_size // a.minibatches
 
-    # -- the base policy (cached warm-up; an HF model as loaded) and the variant's reference strategy
+    # -- the base policy (cached warm-up; an HF model as loaded), its reference and everything resumable
     policy, base_info = load_base_policy(cfg, task, tok, device, cache_root)
+    s = _initial_state(cfg, policy, task, banned, device, mb_size)
+    ref = s.ref
+    base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
+    if cfg.variant.name == VariantName.C:
+        base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
+    kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
+    peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
+    acct = StepAccounting(device)
+    val_problems = task.val_set()
+
+    # -- resume: continue from the newest checkpoint of this run directory, if there is one
+    ckpt = load_latest(run_dir, cfg)
+    if ckpt is not None:
+        s.load_state_dict(ckpt, lambda p: build_optimizer(p, a))
+        finished = finished_summary(run_dir, cfg.steps) if s.start > cfg.steps else None
+        if finished is not None:
+            return finished  # re-running a finished run: nothing to do, nothing rewritten
+    # every step exactly once: metrics and validation rows are rewritten from the checkpoint's history
+    # (rows lost or deleted after they were written come back); other logs are cut back to its step
+    truncate_logs(run_dir, s.start - 1 if ckpt is not None else -1)
+    if ckpt is not None:
+        rewrite_logs(run_dir, s.history, s.val_rows)
+    if resolved_config is not None:
+        atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
+
+    with RunSession(cfg, run_dir, s, progress) as run:
+        out = run.out
+        if ckpt is None:
+            params = sum(p.numel() for p in policy.parameters())
+            out.event(0, "start", "run", variant=cfg.variant.name.value, objective=ref.objective, base=base_info,
+                      params=params)  # fmt: skip
+        else:
+            out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+
+        def run_validation(step: int) -> dict[str, Any]:
+            """Validate on the held-out set with a generator of its own (training RNG untouched)."""
+            vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+            e = cfg.eval
+            v, samples = validate(
+                policy, task, tok, val_problems, temperature=a.temperature, banned=banned, generator=vgen,
+                device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
+            )  # fmt: skip
+            v = {"step": step, **v}
+            out.validation(v)
+            out.samples(step, samples)
+            s.val_rows.append(v)
+            return v
+
+        if ckpt is None and cfg.eval.at_start:
+            run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
+
+        for step in range(s.start, cfg.steps + 1):
+            acct.reset()
+            beta = s.kl_ctl.value
+            for group in s.optimizer.param_groups:
+                group["lr"] = s.schedule.lr(step)
+
+            # 1. rollout: prompts_per_step prompts x group_size samples, KV-cached sampling
+            with acct.stage("rollout"), autocast:
+                problems = [p for p in task.sample_train(s.rng, a.prompts_per_step) for _ in range(a.group_size)]
+                prompt_ids, prompt_mask = tok.encode_prompts([p.prompt for p in problems])
+                batch = generate(
+                    policy, tok, prompt_ids.to(device), prompt_mask.to(device), task.max_completion_len,
+                    a.temperature, a.top_k, s.sample_gen,
+                )  # fmt: skip
+                mask = batch.completion_mask
+                n_gen = int(mask.sum())
+                acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
+
+            # 2. reward: the task's verifier
+            with acct.stage("reward"):
+                texts = completions(tok, batch)
+                reward_list, success_list = score(task, texts, problems)
+                rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
+
+            # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
+            with acct.stage("old_logprob"), autocast:
+                logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
+                _count_policy_forward(acct, policy, batch, backward=False)
+            finite = s.guard.ok(logp_old, step, "old_logprob", "logp_old")
+
+            # 4. reference logprobs (a per-rollout cache): A1/A2/C here once; A0 later per minibatch; B never
+            with acct.stage("ref_logprob"), autocast:
+                ref.prepare(batch, acct)
+
+            # 5. advantages, with the KL optionally folded into the reward, and dynamic sampling
+            shaped = rewards
+            if kl_cfg.placement == KLPlacement.reward and beta > 0:
+                logp_ref_all = ref.logp(torch.arange(len(batch), device=device), batch, acct)
+                if kl_cfg.name == "k2" and kl_cfg.k2_mode == K2Mode.ref_over_old:
+                    kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
+                else:
+                    kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
+                shaped = rewards - beta * (kl_tok * mask).sum(-1).view_as(rewards)
+            adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
+            finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
+            everyone = torch.ones_like(rewards[:, 0], dtype=torch.bool)
+            keep = informative_groups(rewards) if a.dynamic_sampling else everyone
+            keep &= finite  # skip_batch: a non-finite rollout updates nothing
+            rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
+
+            # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
+            sums: dict[str, Any] = dict.fromkeys(UPDATE_KEYS, 0.0)
+            n_mb = 0
+            diag_agg = diagnostic_agg(a.loss_agg)
+            ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
+            params_before = [p.detach().clone() for p in policy.parameters()]
+            trainable = [p for p in policy.parameters() if p.requires_grad]
+            with acct.stage("update"), autocast:
+                for epoch in range(a.ppo_epochs if len(rows) else 0):
+                    perm = rows[torch.randperm(len(rows), generator=s.shuffle_gen).to(device)]
+                    for idx in perm.tensor_split(a.minibatches):
+                        mb = batch.rows(idx)
+                        mb_mask = mb.completion_mask
+                        logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
+                        _count_policy_forward(acct, policy, mb, backward=True)
+                        with acct.stage("ref_logprob"):
+                            logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
+                        if epoch == 0 and logp_ref is not None:
+                            ref_rows[idx] = logp_ref
+                        pg_tok, clipped = clipped_surrogate(
+                            logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp, a.clip_ratio_c
+                        )
+                        pg = aggregate(pg_tok, mb_mask, a.loss_agg)
+                        kl_loss = torch.zeros((), device=device)
+                        if kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
+                            anchor = ref.anchor(logp_ref, logp_old[idx])
+                            kl_tok = kl_per_token(kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
+                            kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
+                        ent = aggregate(entropy, mb_mask, a.loss_agg)
+                        loss = pg + beta * kl_loss - a.entropy_coef * ent
+                        s.optimizer.zero_grad(set_to_none=True)
+                        if not s.guard.ok(loss, step, "update", "loss/total"):
+                            continue
+                        loss.backward()
+                        max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
+                        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+                        if not s.guard.ok(grad_norm, step, "update", "grad_norm"):
+                            s.optimizer.zero_grad(set_to_none=True)
+                            continue
+                        s.optimizer.step()
+                        s.guard.params_ok(trainable, step)
+                        n_mb += 1
+                        # accumulate on device; one host transfer per step (no syncs inside the loop)
+                        clip_frac = aggregate(clipped.float(), mb_mask, diag_agg)
+                        kl_old = aggregate(kl_per_token("k3", logp, logp_old[idx]), mb_mask, diag_agg)
+                        for key, val in zip(UPDATE_KEYS, (loss, pg, kl_loss, ent, clip_frac, grad_norm, kl_old)):
+                            sums[key] = sums[key] + val.detach()
+
+            s.guard.flush()
+            row: dict[str, Any] = {"step": step}
+            row["reward/mean"] = float(rewards.mean())
+            row["reward/std"] = float(rewards.std())
+            row["success_rate"] = sum(success_list) / len(success_list)
+            row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
+            row.update(_reference_kl(cfg, ref.exists, logp_old, ref_rows, mask, rows))
+            # KL to the initial base: the reference itself until a reset moves it (A0/A1/A2 never reset);
+            # after C's first reset it is measured at regular validation steps; B keeps no second model
+            reference_is_base = ref.exists and not any(r["reset"] for r in s.history)
+            row["kl/base"] = row["kl/ref"] if reference_is_base else float("nan")
+            row["kl/beta"] = beta
+            row["lr"] = s.optimizer.param_groups[0]["lr"]
+            row["update_norm"] = _update_norm(params_before, policy)
+            row["response_len"] = float(mask.sum(-1).mean())
+            row["ds/kept_frac"] = len(rows) / len(batch)
+            row["guard/skipped"] = s.guard.skipped
+
+            # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
+            # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
+            # finished run (steps 35 -> 60) would change its trajectory.
+            regular = step % cfg.eval_every == 0
+            if regular or step == cfg.steps:
+                with acct.stage("eval"):
+                    v = run_validation(step)
+                    if base_model is not None and regular and not reference_is_base:
+                        row["kl/base"] = _kl_to(cfg, base_model, policy, batch, logp_old, rows, banned, mb_size)
+            if regular:
+                s.resets.observe_validation(v[cfg.reset.metric.value])
+                if s.growth is not None:
+                    s.growth.observe_validation(v[cfg.reset.metric.value])
+
+            # 8. reference reset at the step boundary (variant C): the reference weights, then the optimizer state
+            s.resets.observe_step(step, row["kl/ref"] if ref.exists else None)
+            reason = s.resets.due(step) if ref.exists else None
+            row["reset"] = int(reason is not None)
+            if reason is not None:
+                with acct.stage("reset"):
+                    info = _reset(cfg, step, s, batch, acct, banned, mb_size)
+                s.resets.mark_reset(step)
+                out.event(step, "reset", reason, **info)
+            s.kl_ctl.update(row["kl/ref"] if ref.exists else row["kl/old"])
+
+            # 9. topology growth: the adapter rank grows, the optimizer state is migrated
+            why = s.growth.due(step, adapter_rank(policy), bool(row["reset"])) if s.growth is not None else None
+            row["growth"] = int(why is not None)
+            if why is not None:
+                with acct.stage("growth"):
+                    s.optimizer, info = _grow(cfg, step, policy, ref, s.optimizer)
+                out.event(step, "growth", why, **info)
+            if cfg.adapter.kind == AdapterKind.lora:
+                row["adapter/rank"] = adapter_rank(policy)
+
+            # 10. log one metrics row
+            row.update(acct.row(len(batch), n_gen, peak))
+            run.step_done(row)
+            if step == NO_SIGNAL_STEPS:
+                _warn_if_no_signal(cfg, s.history, out)
+
+            # 11. checkpoint: periodically, and at once when a preemption signal arrived
+            every = cfg.checkpoint.every
+            if run.preempt.requested or (every and step % every == 0) or step == cfg.steps:
+                save_checkpoint(run_dir, step, s.state_dict(cfg, run.wall()), cfg.checkpoint.keep_last)
+            run.stop_if_preempted(
+                step, lambda: summarize(cfg, s.history, s.val_rows, ref.objective, base_info, run.wall())
+            )
+
+        summary = summarize(cfg, s.history, s.val_rows, ref.objective, base_info, run.wall())
+        reset_at = [r["step"] for r in s.history if r["reset"]]
+        summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
+        if cfg.export.at_end:
+            from prorl_bench.export import export_policy
+
+            summary["export"] = str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
+        run.finish(summary)
+    return summary
+
+
+UPDATE_KEYS = ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
+
+
+def _initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: torch.device, mb_size: int) -> RunState:
+    """A fresh run's state: the policy (with adapters), the variant's reference, the optimizer, the
+    schedules and triggers, and the three RNGs (prompts, token sampling, minibatch order)."""
+    a = cfg.algo
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
     if cfg.adapter.kind == AdapterKind.lora:
         d = cfg.adapter
         attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
     policy.train()
-    batch_size = a.prompts_per_step * a.group_size
-    mb_size = batch_size // a.minibatches
     ref = build_reference(
-        cfg.variant.name,
-        policy,
-        temperature=a.temperature,
-        banned=banned,
-        chunk=mb_size,
-        max_batch=batch_size,
-        max_len=task.max_completion_len,
-        device=device,
+        cfg.variant.name, policy, temperature=a.temperature, banned=banned, chunk=mb_size,
+        max_batch=a.prompts_per_step * a.group_size, max_len=task.max_completion_len, device=device,
         adapter_reference=uses_adapter_reference(cfg),
-    )
+    )  # fmt: skip
     optimizer = build_optimizer(policy, a)
-    base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
-    if cfg.variant.name == VariantName.C:
-        base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
-    schedule = LRSchedule(a.lr, a.lr_warmup_steps)
-    kl_ctl = KLController(a.beta, cfg.kl_ctl)
-    resets = ResetSchedule(cfg.reset)
     growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
-    kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
-    objective = "trust_region_vs_old" if ref.model is None else "kl_to_reference"
-
-    peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
-    acct = StepAccounting(device)
-    rng = random.Random(cfg.seed)  # prompts
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed)  # token sampling
-    shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatch permutation
-    val_problems = task.val_set()
-    history: list[dict[str, Any]] = []
-    val_rows: list[dict[str, Any]] = []
-    guard = NonFiniteGuard(cfg.guard.nonfinite, device)
-
-    # -- resume: continue from the newest checkpoint of this run directory, if there is one
-    start = 1
-    ckpt = load_latest(run_dir, cfg)
-    if ckpt is not None:
-        if cfg.adapter.kind == AdapterKind.lora and ckpt["adapter_rank"] > adapter_rank(policy):
-            grow_rank([policy] if ref.model is None else [policy, ref.model], ckpt["adapter_rank"], seed=0)
-        policy.load_state_dict(ckpt["policy"])
-        if ref.model is not None:
-            ref.model.load_state_dict(ckpt["reference"])
-        optimizer = build_optimizer(policy, a)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        schedule.start, schedule.warmup = ckpt["schedule"]
-        kl_ctl.load_state_dict(ckpt["kl_ctl"])
-        resets.load_state_dict(ckpt["resets"])
-        if growth is not None:
-            growth.load_state_dict(ckpt["growth"])
-        restore_rng(ckpt["rng"], rng, sample_gen, shuffle_gen)
-        history, val_rows, guard.skipped = ckpt["history"], ckpt["val_rows"], ckpt["skipped"]
-        wall_before = ckpt.get("wall_time_s", 0.0)
-        start = ckpt["step"] + 1
-        finished = finished_summary(run_dir, cfg.steps) if start > cfg.steps else None
-        if finished is not None:
-            return finished  # re-running a finished run: nothing to do, nothing rewritten
-    # every step exactly once: metrics and validation rows are rewritten from the checkpoint's history
-    # (rows lost or deleted after they were written come back); other logs are cut back to its step
-    truncate_logs(run_dir, start - 1 if ckpt is not None else -1)
-    if ckpt is not None:
-        rewrite_logs(run_dir, history, val_rows)
-    if resolved_config is not None:
-        atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
-
-    out = open_writer(cfg, run_dir)  # JSONL files (+ TensorBoard / W&B when tracking.* is on)
-    if ckpt is None:
-        out.event(
-            0,
-            "start",
-            "run",
-            variant=cfg.variant.name.value,
-            objective=objective,
-            base=base_info,
-            params=sum(p.numel() for p in policy.parameters()),
-        )
-    else:
-        out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
-
-    def run_validation(step: int) -> dict[str, Any]:
-        """Validate on the held-out set with a generator of its own (training RNG untouched)."""
-        vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
-        e = cfg.eval
-        v, samples = validate(
-            policy, task, tok, val_problems, temperature=a.temperature, banned=banned, generator=vgen,
-            device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
-        )  # fmt: skip
-        v = {"step": step, **v}
-        out.validation(v)
-        out.samples(step, samples)
-        val_rows.append(v)
-        return v
-
-    if ckpt is None and cfg.eval.at_start:
-        run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
-    preempt = PreemptionFlag()
-    bar = _progress_bar(cfg.steps, start - 1) if progress else None
-
-    for step in range(start, cfg.steps + 1):
-        acct.reset()
-        beta = kl_ctl.value
-        for group in optimizer.param_groups:
-            group["lr"] = schedule.lr(step)
-
-        # 1. rollout: prompts_per_step prompts x group_size samples, KV-cached sampling
-        with acct.stage("rollout"), autocast:
-            problems = [p for p in task.sample_train(rng, a.prompts_per_step) for _ in range(a.group_size)]
-            prompt_ids, prompt_mask = tok.encode_prompts([p.prompt for p in problems])
-            batch = generate(
-                policy,
-                tok,
-                prompt_ids.to(device),
-                prompt_mask.to(device),
-                task.max_completion_len,
-                a.temperature,
-                a.top_k,
-                sample_gen,
-            )
-            mask = batch.completion_mask
-            n_gen = int(mask.sum())
-            acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
-
-        # 2. reward: the task's verifier
-        with acct.stage("reward"):
-            texts = completions(tok, batch)
-            reward_list, success_list = score(task, texts, problems)
-            rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
-
-        # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
-        with acct.stage("old_logprob"), autocast:
-            logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
-            _count_policy_forward(acct, policy, batch, backward=False)
-        finite = guard.ok(logp_old, step, "old_logprob", "logp_old")
-
-        # 4. reference logprobs (a per-rollout cache): A1/A2/C compute them here once; A0 later per minibatch; B never
-        with acct.stage("ref_logprob"), autocast:
-            ref.prepare(batch, acct)
-
-        # 5. advantages, with the KL optionally folded into the reward, and dynamic sampling
-        shaped = rewards
-        if kl_cfg.placement == KLPlacement.reward and beta > 0:
-            all_rows = torch.arange(len(batch), device=device)
-            logp_ref_all = ref.logp(all_rows, batch, acct)
-            if kl_cfg.name == "k2" and kl_cfg.k2_mode == K2Mode.ref_over_old:
-                kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
-            else:
-                kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
-            shaped = rewards - beta * (kl_tok * mask).sum(-1).view_as(rewards)
-        adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
-        finite = finite and guard.ok(adv, step, "advantages", "advantages")
-        keep = informative_groups(rewards) if a.dynamic_sampling else torch.ones_like(rewards[:, 0], dtype=torch.bool)
-        keep &= finite  # skip_batch: a non-finite rollout updates nothing
-        rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
-
-        # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
-        sums: dict[str, Any] = {
-            k: 0.0 for k in ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
-        }
-        n_mb = 0
-        diag_agg = diagnostic_agg(a.loss_agg)
-        ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
-        params_before = [p.detach().clone() for p in policy.parameters()]
-        trainable = [p for p in policy.parameters() if p.requires_grad]
-        with acct.stage("update"), autocast:
-            for epoch in range(a.ppo_epochs if len(rows) else 0):
-                perm = rows[torch.randperm(len(rows), generator=shuffle_gen).to(device)]
-                for idx in perm.tensor_split(a.minibatches):
-                    mb = batch.rows(idx)
-                    mb_mask = mb.completion_mask
-                    logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
-                    _count_policy_forward(acct, policy, mb, backward=True)
-                    with acct.stage("ref_logprob"):
-                        logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
-                    if epoch == 0 and logp_ref is not None:
-                        ref_rows[idx] = logp_ref
-                    pg_tok, clipped = clipped_surrogate(
-                        logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp, a.clip_ratio_c
-                    )
-                    pg = aggregate(pg_tok, mb_mask, a.loss_agg)
-                    kl_loss = torch.zeros((), device=device)
-                    if kl_in_loss:
-                        # B has no reference: its trust region is the KL to pi_old
-                        anchor = logp_ref if logp_ref is not None else logp_old[idx]
-                        kl_tok = kl_per_token(kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
-                        kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
-                    ent = aggregate(entropy, mb_mask, a.loss_agg)
-                    loss = pg + beta * kl_loss - a.entropy_coef * ent
-                    optimizer.zero_grad(set_to_none=True)
-                    if not guard.ok(loss, step, "update", "loss/total"):
-                        continue
-                    loss.backward()
-                    max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
-                    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
-                    if not guard.ok(grad_norm, step, "update", "grad_norm"):
-                        optimizer.zero_grad(set_to_none=True)
-                        continue
-                    optimizer.step()
-                    guard.params_ok(trainable, step)
-                    n_mb += 1
-                    # accumulate on device; one host transfer per step (no syncs inside the loop)
-                    for key, val in (
-                        ("loss/total", loss),
-                        ("loss/pg", pg),
-                        ("loss/kl", kl_loss),
-                        ("entropy", ent),
-                        ("clip_frac", aggregate(clipped.float(), mb_mask, diagnostic_agg(a.loss_agg))),
-                        ("grad_norm", grad_norm),
-                        ("kl/old", aggregate(kl_per_token("k3", logp, logp_old[idx]), mb_mask, diag_agg)),
-                    ):
-                        sums[key] = sums[key] + val.detach()
-
-        guard.flush()
-        row: dict[str, Any] = {"step": step}
-        row["reward/mean"] = float(rewards.mean())
-        row["reward/std"] = float(rewards.std())
-        row["success_rate"] = sum(success_list) / len(success_list)
-        row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
-        row.update(_reference_kl(cfg, ref.model is not None, logp_old, ref_rows, mask, rows))
-        # KL to the initial base: the reference itself until a reset moves it (A0/A1/A2 never reset);
-        # after C's first reset it is measured at regular validation steps; B keeps no second model
-        reference_is_base = ref.model is not None and not any(r["reset"] for r in history)
-        row["kl/base"] = row["kl/ref"] if reference_is_base else float("nan")
-        row["kl/beta"] = beta
-        row["lr"] = optimizer.param_groups[0]["lr"]
-        row["update_norm"] = _update_norm(params_before, policy)
-        row["response_len"] = float(mask.sum(-1).mean())
-        row["ds/kept_frac"] = len(rows) / len(batch)
-        row["guard/skipped"] = guard.skipped
-
-        # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
-        # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
-        # finished run (steps 35 -> 60) would change its trajectory.
-        regular = step % cfg.eval_every == 0
-        if regular or step == cfg.steps:
-            with acct.stage("eval"):
-                v = run_validation(step)
-                if base_model is not None and regular and not reference_is_base:
-                    row["kl/base"] = _kl_to(cfg, base_model, policy, batch, logp_old, rows, banned, mb_size)
-        if regular:
-            resets.observe_validation(v[cfg.reset.metric.value])
-            if growth is not None:
-                growth.observe_validation(v[cfg.reset.metric.value])
-
-        # 8. reference reset at the step boundary (variant C): the reference weights, then the optimizer state
-        resets.observe_step(step, None if ref.model is None else row["kl/ref"])
-        reason = resets.due(step) if ref.model is not None else None
-        row["reset"] = int(reason is not None)
-        if reason is not None:
-            with acct.stage("reset"):
-                info = _reset(
-                    cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, mb_size, resets.alpha
-                )
-            resets.mark_reset(step)
-            out.event(step, "reset", reason, **info)
-        kl_ctl.update(row["kl/ref"] if ref.model is not None else row["kl/old"])
-
-        # 9. topology growth: the adapter rank grows, the optimizer state is migrated
-        why = growth.due(step, adapter_rank(policy), bool(row["reset"])) if growth is not None else None
-        row["growth"] = int(why is not None)
-        if why is not None:
-            with acct.stage("growth"):
-                optimizer, info = _grow(cfg, step, policy, ref, optimizer)
-            out.event(step, "growth", why, **info)
-        if cfg.adapter.kind == AdapterKind.lora:
-            row["adapter/rank"] = adapter_rank(policy)
-
-        # 10. log one metrics row
-        row.update(acct.row(len(batch), n_gen, peak))
-        out.metrics(row)
-        history.append(row)
-        if step == NO_SIGNAL_STEPS:
-            _warn_if_no_signal(cfg, history, out)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{row['reward/mean']:.3f}",
-                kl=_fmt(row["kl/ref"]),
-                ref_share=f"{row['time/ref_share']:.1%}",
-                refresh=False,
-            )
-
-        # 11. checkpoint: periodically, and at once when a preemption signal arrived
-        every = cfg.checkpoint.every
-        if preempt.requested or (every and step % every == 0) or step == cfg.steps:
-            state = {
-                "config": config_dict(cfg),
-                "policy": policy.state_dict(),
-                "reference": None if ref.model is None else ref.model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "schedule": (schedule.start, schedule.warmup),
-                "kl_ctl": kl_ctl.state_dict(),
-                "resets": resets.state_dict(),
-                "growth": None if growth is None else growth.state_dict(),
-                "adapter_rank": adapter_rank(policy) if cfg.adapter.kind == AdapterKind.lora else 0,
-                "rng": rng_state(rng, sample_gen, shuffle_gen),
-                "history": history,
-                "val_rows": val_rows,
-                "skipped": guard.skipped,
-                "wall_time_s": wall_before + time.perf_counter() - wall0,
-            }
-            save_checkpoint(run_dir, step, state, cfg.checkpoint.keep_last)
-        if preempt.requested and step < cfg.steps:
-            preempt.close()
-            summary = summarize(cfg, history, val_rows, objective, base_info, wall_before + time.perf_counter() - wall0)
-            summary["status"] = "preempted"
-            out.event(step, "preempted", signal.Signals(preempt.signum).name)
-            out.summary(summary)
-            out.close()
-            raise Preempted(step, preempt.signum)
-
-    preempt.close()
-    if bar is not None:
-        bar.close()
-    summary = summarize(cfg, history, val_rows, objective, base_info, wall_before + time.perf_counter() - wall0)
-    reset_at = [r["step"] for r in history if r["reset"]]
-    summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
-    if cfg.export.at_end:
-        from prorl_bench.export import export_policy
-
-        summary["export"] = str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
-    out.event(cfg.steps, "end", "completed")
-    out.summary(summary)
-    out.close()
-    return summary
+    return RunState(
+        policy=policy,
+        ref=ref,
+        optimizer=optimizer,
+        schedule=LRSchedule(a.lr, a.lr_warmup_steps),
+        kl_ctl=KLController(a.beta, cfg.kl_ctl),
+        resets=ResetSchedule(cfg.reset),
+        growth=growth,
+        guard=NonFiniteGuard(cfg.guard.nonfinite, device),
+        rng=random.Random(cfg.seed),
+        sample_gen=torch.Generator(device=device).manual_seed(cfg.seed),
+        shuffle_gen=torch.Generator().manual_seed(cfg.seed),
+    )
 
 
 NO_SIGNAL_STEPS = 10  # after this many steps of reward 0 on every sample, say so
@@ -486,34 +411,34 @@ def _kl_to(cfg: Config, other: torch.nn.Module, policy, batch, logp_old, rows, b
     return float(aggregate(kl_tok, batch.completion_mask[rows], diagnostic_agg(cfg.algo.loss_agg)))
 
 
-def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, banned, chunk, alpha) -> dict[str, Any]:
+def _reset(cfg: Config, step: int, s: RunState, batch, acct, banned, chunk) -> dict[str, Any]:
     """Reset pi_ref (a copy for alpha = 1, else a polyak alpha-mix) and transform the optimizer state;
     describe it.
 
     The KL of the current policy to the reference is measured on this step's rollout just before
     and just after the reset (one policy and two reference forwards, charged to time/reset).
     """
-    t = cfg.algo.temperature
+    t, alpha, policy, ref = cfg.algo.temperature, s.resets.alpha, s.policy, s.ref
     logp = chunked_logprobs(policy, batch, t, banned, chunk)
     _count_policy_forward(acct, policy, batch, backward=False)
 
     def kl_now() -> float:
-        ref._forward_cost(acct, batch)
+        ref.forward_cost(acct, batch)
         lr = chunked_logprobs(ref.model, batch, t, banned, chunk)
         return float(aggregate(kl_per_token("k3", logp, lr), batch.completion_mask, LossAgg.token))
 
     kl_before = kl_now()
-    m_before, v_before = moment_norms(optimizer)
+    m_before, v_before = moment_norms(s.optimizer)
     reset_reference(ref.model, policy, alpha)
-    opt_info = apply_opt_reset(optimizer, cfg.opt_reset)
+    opt_info = apply_opt_reset(s.optimizer, cfg.opt_reset)
     o = cfg.opt_reset
     if OPT_TRANSFORMS.meta(o.kind).get("step") == "reset":  # a fresh optimizer comes with a fresh LR schedule
-        schedule.restart(step + 1, max(cfg.algo.lr_warmup_steps, o.rewarmup_steps))
+        s.schedule.restart(step + 1, max(cfg.algo.lr_warmup_steps, o.rewarmup_steps))
     elif o.rewarmup_steps > 0:
-        schedule.restart(step + 1, o.rewarmup_steps)
+        s.schedule.restart(step + 1, o.rewarmup_steps)
     if cfg.reset.restore_beta:
-        kl_ctl.restore()
-    m_after, v_after = moment_norms(optimizer)
+        s.kl_ctl.restore()
+    m_after, v_after = moment_norms(s.optimizer)
     return {
         "action": "polyak" if alpha < 1.0 else "copy",
         "alpha": alpha,
@@ -524,8 +449,8 @@ def _reset(cfg, step, policy, ref, optimizer, schedule, kl_ctl, batch, acct, ban
         "m_norm_after": m_after,
         "v_norm_before": v_before,
         "v_norm_after": v_after,
-        "next_lr": schedule.lr(step + 1),
-        "beta_after": kl_ctl.value,
+        "next_lr": s.schedule.lr(step + 1),
+        "beta_after": s.kl_ctl.value,
     }
 
 
@@ -559,7 +484,7 @@ def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dic
     it keeps its function and stays reset-compatible — and migrate the optimizer state."""
     old_rank = adapter_rank(policy)
     trainable_before = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    models = [policy] if ref.model is None else [policy, ref.model]
+    models = [policy, *ref.models()]
     grown = grow_rank(models, old_rank + cfg.growth.rank_step, seed=cfg.seed * 1_000_003 + step)
     optimizer, info = migrate_optimizer(
         optimizer, grown[0], cfg.growth.migration, rebuild=lambda: build_optimizer(policy, cfg.algo)
@@ -569,7 +494,7 @@ def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dic
         "new_rank": adapter_rank(policy),
         "trainable_params_before": trainable_before,
         "trainable_params_after": sum(p.numel() for p in policy.parameters() if p.requires_grad),
-        "reference_grown": ref.model is not None,
+        "reference_grown": ref.exists,
         **info,
     }
 
@@ -663,13 +588,3 @@ def memory_figures(reference: torch.nn.Module | None, device: torch.device) -> d
     if device.type == "cuda":
         out["mem/cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return out
-
-
-def _fmt(x: float) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:.4f}"
-
-
-def _progress_bar(total: int, done: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=done, desc="prorl-bench", unit="step", dynamic_ncols=True, mininterval=1.0)

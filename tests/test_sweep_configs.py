@@ -4,7 +4,6 @@ over its own values, and expands only to jobs whose configs validate."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -16,12 +15,6 @@ from prorl_bench.searchpath import CONF_DIR, SWEEPS_DIR
 
 register_configs()
 GRIDS = sorted(p.stem for p in (SWEEPS_DIR / "sweep").glob("*.yaml"))
-# Groups a grid may need that arrive with other features (variant C: reset / opt_reset).
-NEEDS = {
-    "reset_semantics": ["reset", "opt_reset", "variant/C.yaml"],
-    "ablation": ["variant/C.yaml"],
-    "ablation_small": ["variant/C.yaml"],
-}
 
 
 def _compose(overrides: list[str], hydra: bool = True):
@@ -38,19 +31,12 @@ def _jobs(params: dict, cli: list[str]) -> list[list[str]]:
     return BasicSweeper.split_arguments(parsed, None)[0]
 
 
-def _skip_unless_available(grid: str) -> None:
-    missing = [n for n in NEEDS.get(grid, []) if not (Path(CONF_DIR) / n).exists()]
-    if missing:
-        pytest.skip(f"grid {grid} needs conf/{', conf/'.join(missing)} (variant C, not on this branch yet)")
-
-
 def test_expected_grids_exist():
     assert {"ablation", "ablation_small", "kl_estimator", "reset_semantics"} <= set(GRIDS)
 
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_grid_composes_with_joblib_and_every_job_validates(grid):
-    _skip_unless_available(grid)
     cfg = _compose([f"+sweep={grid}"])
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
     assert cfg.hydra.sweep.dir.startswith(f"outputs/sweeps/{grid}/")
