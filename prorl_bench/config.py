@@ -163,13 +163,14 @@ class ReasoningGymConfig:
     by content). Problems whose prompt or answer is longer than the limits (characters) are skipped.
     """
 
+    # reasoning-gym dataset names, e.g. spell_backward, basic_arithmetic, gsm_symbolic
     generators: list[str] = field(default_factory=lambda: ["spell_backward"])
     generator_args: dict[str, Any] = field(default_factory=dict)  # {generator: {kwarg: value}}
-    prompt_style: PromptStyle = PromptStyle.compact
-    max_prompt_chars: int = 40
-    max_answer_chars: int = 12
-    train_seed: int = 1
-    val_seed: int = 2
+    prompt_style: PromptStyle = PromptStyle.compact  # compact | question | chat (see PromptStyle)
+    max_prompt_chars: int = 40  # problems with longer prompts are skipped (characters)
+    max_answer_chars: int = 12  # problems with longer answers are skipped (characters)
+    train_seed: int = 1  # seed of the training dataset
+    val_seed: int = 2  # seed of the held-out dataset (must differ from train_seed)
     dataset_size: int = 100_000  # virtual size of the training dataset (indices drawn from it)
     # Completion budget in tokens (TRL: max_completion_length); null = max_answer_chars + 1 (the
     # answer and EOS, enough when the policy answers directly). A model that reasons first (chat) needs more.
@@ -200,8 +201,9 @@ class TaskConfig:
     """
 
     name: str = "reverse_digits"  # a registered task (registry.TASKS; tasks.py lists the built-ins)
-    min_len: int = 3
-    max_len: int = 5
+    min_len: int = 3  # shortest input (symbols; per operand for add) of a built-in task
+    max_len: int = 5  # longest input (symbols); sets the completion budget of built-in tasks
+    # exact: 1 iff the completion equals the target; partial: fraction of positions right
     reward: RewardKind = RewardKind.exact
     val_size: int = 128  # held-out problems used for validation
     val_fraction: float = 0.1  # share of the problem space reserved for validation
@@ -223,7 +225,7 @@ class TaskConfig:
 
 @dataclass
 class VariantConfig:
-    name: VariantName = VariantName.A1
+    name: VariantName = VariantName.A1  # A0 | A1 | A2 | B | C: how the reference is held (README "Variants")
 
 
 @dataclass
@@ -231,9 +233,11 @@ class KLConfig:
     """Per-token KL estimator; see prorl_bench/kl.py for the formulas."""
 
     name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS: k1, k2, k3 in kl.py)
+    # loss: beta*KL in the loss (GRPO); reward: -beta*KL folded into the reward (PPO-RLHF)
     placement: KLPlacement = KLPlacement.loss
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
-    kl_clamp: float = 10.0  # per-token KL value clamped to +-kl_clamp
+    kl_clamp: float = 10.0  # k3 only: its per-token value is clamped to +-kl_clamp (kl.py says why)
+    # theta_over_ref; or ref_over_old (ProRL v2 blog formula, reward placement only)
     k2_mode: K2Mode = K2Mode.theta_over_ref
 
     def __post_init__(self) -> None:
@@ -254,14 +258,14 @@ class ModelConfig:
     directory with config.json, weights and tokenizer; nothing is downloaded) and ignores the native
     size fields; ``impl`` picks the forward implementation (see HFImpl)."""
 
-    kind: ModelKind = ModelKind.native
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    dropout: float = 0.0
-    max_seq_len: int = 64
-    path: str | None = None
-    impl: HFImpl = HFImpl.auto
+    kind: ModelKind = ModelKind.native  # native (char-level TransformerPolicy) | hf_causal_lm (a local HF directory)
+    d_model: int = 64  # native: residual width
+    n_layers: int = 2  # native: transformer blocks
+    n_heads: int = 4  # native: attention heads (divides d_model)
+    dropout: float = 0.0  # native: dropout probability (0 keeps RL deterministic)
+    max_seq_len: int = 64  # native: context length in tokens (prompt + completion + BOS)
+    path: str | None = None  # hf_causal_lm: local model directory (config.json, weights, tokenizer)
+    impl: HFImpl = HFImpl.auto  # hf_causal_lm forward: auto | hf | fast (see HFImpl)
 
     def __post_init__(self) -> None:
         if self.kind == ModelKind.hf_causal_lm:
@@ -294,23 +298,23 @@ class AlgoConfig:
     """RL algorithm knobs. lr in AdamW units; beta multiplies the KL term."""
 
     advantage: str = "grpo"  # a registered estimator (registry.ADVANTAGES; advantages.py has the built-ins)
-    prompts_per_step: int = 8
-    group_size: int = 8
-    temperature: float = 1.0
+    prompts_per_step: int = 8  # prompts per RL step (verl train_batch_size); the batch is prompts_per_step*group_size
+    group_size: int = 8  # samples per prompt (TRL num_generations, verl rollout.n)
+    temperature: float = 1.0  # sampling temperature; logprobs are of logits/temperature
     top_k: int = 0  # 0 = no top-k filtering
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    ppo_epochs: int = 2
-    minibatches: int = 2
-    loss_agg: LossAgg = LossAgg.token
-    dynamic_sampling: bool = False
-    entropy_coef: float = 0.0
-    beta: float = 0.01
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
+    eps_low: float = 0.2  # PPO clip: ratio >= 1-eps_low (TRL epsilon, verl clip_ratio_low)
+    eps_high: float = 0.28  # PPO clip: ratio <= 1+eps_high; > eps_low is DAPO clip-higher (Yu et al. 2025)
+    ppo_epochs: int = 2  # passes over each rollout (TRL num_iterations, verl ppo_epochs)
+    minibatches: int = 2  # optimizer steps per epoch: a count, not a size (batch / minibatches rows each)
+    loss_agg: LossAgg = LossAgg.token  # token | sequence | seq_mean_token_sum | seq_mean_token_sum_norm (see LossAgg)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the update
+    entropy_coef: float = 0.0  # entropy bonus weight (0 = none, as ProRL)
+    beta: float = 0.01  # KL coefficient (TRL beta, verl kl_loss_coef); the initial value under kl_ctl=adaptive
+    lr: float = 1e-3  # AdamW learning rate (constant after lr_warmup_steps)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW beta1 (first-moment decay)
+    adam_beta2: float = 0.999  # AdamW beta2 (second-moment decay)
+    adam_eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     lr_warmup_steps: int = 0  # linear LR warm-up at the start (and after a hard reset)
     adv_eps: float = 1e-6  # added to std in group/batch normalisation
@@ -374,7 +378,7 @@ class ResetConfig:
     # what a reset does, whatever triggers it: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref.
     # null = the trigger's default (1, a copy; polyak 0.6 = TRL ref_model_mixup_alpha)
     alpha: float | None = None
-    min_spacing: int = 0
+    min_spacing: int = 0  # no two resets closer than this (steps); a condition inside it is dropped
     restore_beta: bool = False  # reset the adaptive KL coefficient to its initial value
 
     def __post_init__(self) -> None:
@@ -403,8 +407,8 @@ class OptResetConfig:
     factor: float = 0.1  # soft: m and v scaled by this
     m_factor: float = 0.0  # asym: first moment scaled by this
     v_factor: float = 1.0  # asym: second moment scaled by this
-    step: StepPolicy = StepPolicy.keep
-    rewarmup_steps: int = 0
+    step: StepPolicy = StepPolicy.keep  # keep | reset AdamW's step counter (bias correction) at a reset
+    rewarmup_steps: int = 0  # after a reset ramp the LR from lr/N back to lr over N steps (0 = off)
 
     def __post_init__(self) -> None:
         for key in ("factor", "m_factor", "v_factor"):
@@ -426,11 +430,12 @@ class OptResetConfig:
 class KLControlConfig:
     """KL coefficient: fixed at algo.beta, or adaptive toward ``target`` (PPO / verl style)."""
 
+    # fixed (beta = algo.beta) | adaptive (PPO/verl controller toward kl_ctl.target)
     kind: KLControlKind = KLControlKind.fixed
     target: float = 0.05  # target KL per token (nats, kl/ref)
     horizon: int = 100  # steps over which a 20% proportional error moves beta by ~20%
-    beta_min: float = 1e-5
-    beta_max: float = 1.0
+    beta_min: float = 1e-5  # adaptive: lower bound of beta
+    beta_max: float = 1.0  # adaptive: upper bound of beta
 
     def __post_init__(self) -> None:
         _require(self.target > 0, "kl_ctl.target", self.target, "> 0")
@@ -443,11 +448,12 @@ class KLControlConfig:
 class AdapterConfig:
     """LoRA adapters on the policy's linear layers named in ``targets`` (attribute names)."""
 
-    kind: AdapterKind = AdapterKind.none
-    rank: int = 4
+    kind: AdapterKind = AdapterKind.none  # none | lora
+    rank: int = 4  # LoRA rank r (Hu et al. 2021)
     alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
+    # linear layers that get adapters (attribute names: qkv, proj, fc1, fc2 native; q_proj... HF)
     targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
-    freeze_base: bool = True
+    freeze_base: bool = True  # train only the adapters (the base is frozen)
     # How the reference model is held (variants with a reference): ``adapters`` shares the frozen
     # base with the policy and keeps only a copy of the adapter weights (TRL disables a PEFT
     # adapter for the same purpose); trajectories equal the deep copy's bit for bit (tested).
@@ -469,13 +475,14 @@ class AdapterConfig:
 class GrowthConfig:
     """Adapter rank growth by ``rank_step`` up to ``max_rank`` (every N steps / at resets / on stall)."""
 
-    kind: GrowthKind = GrowthKind.none
-    rank_step: int = 2
+    kind: GrowthKind = GrowthKind.none  # none | rank (adapter rank growth)
+    rank_step: int = 2  # rank added per growth
     grow_every: int = 50  # 0 disables periodic growth
-    max_rank: int = 16
-    at_reset: bool = False
-    on_stall: bool = False
+    max_rank: int = 16  # no growth beyond this rank
+    at_reset: bool = False  # grow at every reference reset
+    on_stall: bool = False  # grow when reset.metric stalls for growth.patience evaluations
     patience: int = 2  # on_stall: evaluations of reset.metric without improvement
+    # preserve | reset | naive: what happens to AdamW state at growth (see Migration)
     migration: Migration = Migration.preserve
 
     def __post_init__(self) -> None:
@@ -488,7 +495,7 @@ class GrowthConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 50  # steps between checkpoints; 0 disables (a preemption signal still checkpoints)
-    keep_last: int = 2
+    keep_last: int = 2  # checkpoints kept on disk (older ones deleted)
 
     def __post_init__(self) -> None:
         _require(self.every >= 0, "checkpoint.every", self.every, ">= 0 (0 disables)")
@@ -497,16 +504,16 @@ class CheckpointConfig:
 
 @dataclass
 class GuardConfig:
-    nonfinite: NonFinitePolicy = NonFinitePolicy.fail
+    nonfinite: NonFinitePolicy = NonFinitePolicy.fail  # fail | skip_batch on NaN/inf (see NonFinitePolicy)
 
 
 @dataclass
 class HardwareConfig:
-    device: Device = Device.cpu
+    device: Device = Device.cpu  # cpu | cuda | auto
     torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
-    dtype: DType = DType.fp32
-    deterministic: bool = True
-    tf32: bool = False
+    dtype: DType = DType.fp32  # fp32 | bf16 (bf16 autocast on CUDA only)
+    deterministic: bool = True  # torch.use_deterministic_algorithms (warn_only)
+    tf32: bool = False  # allow TF32 matmuls on CUDA
     peak_flops: float | None = None  # FLOP/s for MFU; None = measure a matmul peak once
 
     def __post_init__(self) -> None:
@@ -539,13 +546,13 @@ class WarmupConfig:
     everything that determines it (task, model, this section), and shared by every run of a sweep.
     """
 
-    target_success: float = 0.2
-    max_steps: int = 3000
-    batch_size: int = 64
-    lr: float = 3e-3
-    check_every: int = 10
-    check_size: int = 128
-    seed: int = 0
+    target_success: float = 0.2  # stop warm-up when sampled held-out success reaches this
+    max_steps: int = 3000  # warm-up step limit (error if the target is not reached)
+    batch_size: int = 64  # warm-up problems per supervised step
+    lr: float = 3e-3  # warm-up AdamW learning rate
+    check_every: int = 10  # warm-up steps between success checks
+    check_size: int = 128  # held-out problems per success check
+    seed: int = 0  # warm-up seed (part of the base cache key; per-seed bases: set it to the run seed)
     cache_dir: str = "outputs/base_cache"  # relative paths resolve against the launch directory
     # null: warm up native policies, not Hugging Face ones (a pretrained LM is already a base).
     # true on an HF model fine-tunes it on the task first (cached the same way); false skips it.
@@ -564,7 +571,7 @@ class WarmupConfig:
 class ExportConfig:
     """``at_end``: export the final policy to ``<run_dir>/export`` (format: prorl_bench/export.py)."""
 
-    at_end: bool = False
+    at_end: bool = False  # export the final policy to <run_dir>/export
 
 
 @dataclass
@@ -573,7 +580,7 @@ class TrackingConfig:
 
     tensorboard: bool = False  # scalars under RUN_DIR/tensorboard
     wandb: bool = False  # Weights & Biases, always offline (files under RUN_DIR/wandb)
-    wandb_project: str = "prorl-bench"
+    wandb_project: str = "prorl-bench"  # W&B project name (offline)
 
 
 @dataclass
@@ -585,10 +592,11 @@ class EvalConfig:
     samples to ``samples.jsonl``; ``batch`` sequences are generated per call (memory vs speed).
     """
 
-    n_samples: int = 16
+    n_samples: int = 16  # samples per held-out prompt (pass@k needs k <= n_samples)
+    # k values of val/pass@k (Chen et al. 2021 unbiased estimator)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    n_sample_prompts: int = 8
-    batch: int = 512
+    n_sample_prompts: int = 8  # prompts written with all their samples to samples.jsonl
+    batch: int = 512  # sequences generated per call during evaluation (memory vs speed)
     at_start: bool = True  # evaluate the base policy at step 0 (every run carries its own "before")
 
     def __post_init__(self) -> None:
@@ -619,8 +627,8 @@ class Config:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = 0
-    steps: int = 150
+    seed: int = 0  # run seed: prompts, sampling, minibatch order, initial weights (< 2**24)
+    steps: int = 150  # RL steps = rollouts (not optimizer steps)
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)
     progress: bool = True  # terminal progress bar (single runs only)
     run_dir: str | None = None  # None: Hydra's output directory
@@ -746,6 +754,10 @@ def _task_lengths(task: TaskConfig) -> tuple[int, int]:
 def register_configs() -> None:
     """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults."""
     register_resolvers()  # ${prorl_bench_root:} in hydra.searchpath (conf/config.yaml)
+    if not OmegaConf.has_resolver("prorl_bench_help"):  # every key's help in `prorl-bench --help`
+        from prorl_bench.confhelp import help_text
+
+        OmegaConf.register_new_resolver("prorl_bench_help", help_text)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
 
