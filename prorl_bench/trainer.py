@@ -67,14 +67,16 @@ def resolve_device(cfg: Config) -> torch.device:
     return torch.device(want.value)
 
 
-def setup_hardware(cfg: Config, threads: int) -> torch.device:
+def setup_hardware(cfg: Config, threads: int) -> tuple[torch.device, Any]:
+    """The device and the autocast context of the forward passes (bf16 only on CUDA)."""
     torch.set_num_threads(threads)
     device = resolve_device(cfg)
     torch.use_deterministic_algorithms(cfg.hardware.deterministic, warn_only=True)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.hardware.tf32
         torch.backends.cudnn.allow_tf32 = cfg.hardware.tf32
-    return device
+    bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
+    return device, torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
 def seed_everything(seed: int) -> None:
@@ -102,14 +104,12 @@ def train(
 
 
 def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None):
-    device = setup_hardware(cfg, threads)
+    device, autocast = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
     tok = build_tokenizer(cfg)  # CharTokenizer, or the HF checkpoint's tokenizer
     banned = tuple(tok.banned_ids)
     task = make_task(cfg.task)
-    bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
     batch_size = a.prompts_per_step * a.group_size
     mb_size = batch_size // a.minibatches
 
@@ -150,18 +150,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
             out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
 
         def run_validation(step: int) -> dict[str, Any]:
-            """Validate on the held-out set with a generator of its own (training RNG untouched)."""
-            vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
-            e = cfg.eval
-            v, samples = validate(
-                policy, task, tok, val_problems, temperature=a.temperature, banned=banned, generator=vgen,
-                device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
-            )  # fmt: skip
-            v = {"step": step, **v}
-            out.validation(v)
-            out.samples(step, samples)
-            s.val_rows.append(v)
-            return v
+            return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows)
 
         if ckpt is None and cfg.eval.at_start:
             run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
@@ -335,11 +324,31 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         reset_at = [r["step"] for r in s.history if r["reset"]]
         summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
         if cfg.export.at_end:
-            from prorl_bench.export import export_policy
-
-            summary["export"] = str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
+            summary["export"] = _export(policy, cfg, tok, run_dir)
         run.finish(summary)
     return summary
+
+
+def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, val_rows) -> dict[str, Any]:
+    """Validate on the held-out set with a generator of its own (training RNG untouched); log the row
+    and the samples."""
+    vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+    e = cfg.eval
+    v, samples = validate(
+        policy, task, tok, val_problems, temperature=cfg.algo.temperature, banned=banned, generator=vgen,
+        device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
+    )  # fmt: skip
+    v = {"step": step, **v}
+    out.validation(v)
+    out.samples(step, samples)
+    val_rows.append(v)
+    return v
+
+
+def _export(policy, cfg: Config, tok, run_dir: Path) -> str:
+    from prorl_bench.export import export_policy  # transformers / safetensors only when exporting
+
+    return str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
 
 
 UPDATE_KEYS = ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
