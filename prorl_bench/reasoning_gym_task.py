@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prorl_bench.config import ConfigError, PromptStyle, TaskConfig
+from prorl_bench.extras import require_extra
 from prorl_bench.tasks import Problem
 
 
@@ -104,13 +105,7 @@ def extract_answer(
 
 
 def _import_rg():
-    try:
-        import reasoning_gym
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ConfigError(
-            "task.name=reasoning_gym needs the 'reasoning' extra: pip install 'prorl-bench[reasoning]'"
-        ) from e
-    return reasoning_gym
+    return require_extra("reasoning_gym", "task.name=reasoning_gym", "reasoning")
 
 
 class ReasoningGymTask:

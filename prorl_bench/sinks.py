@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
-from prorl_bench.config import Config, ConfigError
+from prorl_bench.config import Config
+from prorl_bench.extras import require_extra
 from prorl_bench.outputs import RunWriter
 
 
@@ -99,21 +100,13 @@ class TeeWriter(RunWriter):
             s.close()
 
 
-def _require_module(module: str, key: str, extra: str) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        hint = f"pip install 'prorl-bench[{extra}]'"
-        raise ConfigError(f"invalid config value {key}=true: needs the '{extra}' extra ({hint})")
-
-
 def open_writer(cfg: Config, run_dir: Path) -> RunWriter:
     """The run's writer: plain JSONL, or JSONL plus the enabled tracking sinks."""
     sinks: list[Sink] = []
     if cfg.tracking.tensorboard:
-        _require_module("tensorboard", "tracking.tensorboard", "tensorboard")
+        require_extra("tensorboard", "tracking.tensorboard=true", "tensorboard")
         sinks.append(TensorBoardSink(run_dir))
     if cfg.tracking.wandb:
-        _require_module("wandb", "tracking.wandb", "wandb")
+        require_extra("wandb", "tracking.wandb=true", "wandb")
         sinks.append(WandbSink(run_dir, cfg))
     return TeeWriter(run_dir, sinks) if sinks else RunWriter(run_dir)

@@ -129,3 +129,14 @@ def test_cli_unknown_option_exits_nonzero(tmp_path):
     r = _cli("variant=Z", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert r.returncode != 0
     assert "Could not find 'variant/Z'" in r.stderr and "A1" in r.stderr
+
+
+def test_missing_extra_names_setting_and_install_command(monkeypatch):
+    import sys
+
+    from prorl_bench.extras import require_extra
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)
+    expected = r"task.name=reasoning_gym needs the 'reasoning' extra .*prorl-bench\[reasoning\]"
+    with pytest.raises(ConfigError, match=expected):
+        require_extra("reasoning_gym", "task.name=reasoning_gym", "reasoning")
