@@ -5,7 +5,8 @@ Hydra merges ``conf/<group>/<option>.yaml`` into these dataclasses, so
 * an unknown option (``variant=Z``) fails in Hydra with the list of available options,
 * a misspelled key (``algo.lrr=1``) fails with "Key 'lrr' not in 'AlgoConfig'",
 * a value outside a closed set fails with the allowed values: an enum's, or for the pluggable axes
-  (``algo.advantage``, ``kl_estimator.name``, ``task.name``, ``reset.trigger``, ``opt_reset.kind``)
+  (``algo.advantage``, ``kl_estimator.name``, ``task.name``, ``reset.trigger``, ``opt_reset.kind``,
+  ``variant.reference``)
   the names registered in ``prorl_bench.registry`` — a new option registers itself next to its code,
 * a value out of range fails in ``validate`` below (``__post_init__`` runs when
   ``OmegaConf.to_object`` builds the dataclasses), naming the key and the allowed range.
@@ -46,12 +47,6 @@ class RewardKind(str, Enum):
     partial = "partial"  # fraction of target positions matched (length-normalised)
 
 
-class VariantName(str, Enum):
-    A0 = "A0"  # frozen reference, logprobs recomputed every epoch/minibatch
-    A1 = "A1"  # frozen reference, logprobs computed once per rollout and cached
-    A2 = "A2"  # as A1, into a preallocated buffer reused across steps
-    B = "B"  # no reference model; trust region vs pi_old
-    C = "C"  # A1 + reference resets and an optimizer-state policy
 
 
 
@@ -225,7 +220,42 @@ class TaskConfig:
 
 @dataclass
 class VariantConfig:
-    name: VariantName = VariantName.A1  # A0 | A1 | A2 | B | C: how the reference is held (README "Variants")
+    """A variant is a named preset over two axes: the reference strategy and whether the reference
+    may be reset. A0-C are fixed presets (conf/variant); another combination needs another name."""
+
+    name: str = "A1"  # the output label: A0 | A1 | A2 | B | C (README "Variants"), or your own name
+    # where reference logprobs come from (registry.REFERENCES; reference.py): recompute | cached | buffered | none
+    reference: str = "cached"
+    resets: bool = False  # the reference may be reset (reset.trigger); the C preset
+
+    @classmethod
+    def preset(cls, name: str) -> VariantConfig:
+        """The named preset (A0, A1, A2, B or C) as conf/variant/NAME.yaml states it."""
+        reference, resets = VARIANT_PRESETS[name]
+        return cls(name=name, reference=reference, resets=resets)
+
+    def __post_init__(self) -> None:
+        registry.REFERENCES.check(self.reference)
+        _require(self.name.isidentifier(), "variant.name", self.name, "an identifier (it labels outputs)")
+        preset = VARIANT_PRESETS.get(self.name)
+        if preset is not None:
+            _require(
+                (self.reference, self.resets) == preset,
+                "variant.reference" if self.reference != preset[0] else "variant.resets",
+                self.reference if self.reference != preset[0] else self.resets,
+                f"reference={preset[0]}, resets={str(preset[1]).lower()} for variant {self.name} (the A0-C labels "
+                "name fixed presets; give another variant.name for another combination)",
+            )
+
+
+# variant name -> (reference strategy, resets allowed)
+VARIANT_PRESETS = {
+    "A0": ("recompute", False),  # frozen reference, logprobs recomputed every epoch/minibatch
+    "A1": ("cached", False),  # frozen reference, logprobs computed once per rollout and cached
+    "A2": ("buffered", False),  # as A1, into a preallocated buffer reused across steps
+    "B": ("none", False),  # no reference model; trust region vs pi_old
+    "C": ("cached", True),  # A1 + reference resets and an optimizer-state policy
+}
 
 
 @dataclass
@@ -642,11 +672,12 @@ class Config:
         # (seed * 1_000_003 + step) * 100_003 + layer), which must stay inside torch's 64-bit seeds
         _require(0 <= self.seed < MAX_SEED, "seed", self.seed, f"in [0, {MAX_SEED}) (2**24)")
         placement = self.kl_estimator.placement
+        v = self.variant
         _require(
-            not (placement == KLPlacement.reward and self.variant.name in (VariantName.A0, VariantName.B)),
+            not (placement == KLPlacement.reward and not registry.REFERENCES.meta(v.reference)["per_rollout"]),
             "kl_estimator.placement",
             placement.value,
-            f"'loss' with variant {self.variant.name.value} (A0 recomputes reference logprobs for a "
+            f"'loss' with variant {v.name} (reference={v.reference}: A0 recomputes reference logprobs for a "
             "loss term; B has no reference model to fold into the reward)",
         )
         _require(
@@ -657,10 +688,10 @@ class Config:
             "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
         )
         _require(
-            self.reset.trigger == "none" or self.variant.name == VariantName.C,
+            self.reset.trigger == "none" or (v.resets and v.reference != "none"),
             "reset",
             self.reset.trigger,
-            f"'none' with variant {self.variant.name.value} (reference resets are variant C)",
+            f"'none' with variant {v.name} (reference resets are variant C: variant.resets=true)",
         )
         _require(
             not (self.kl_ctl.kind == KLControlKind.adaptive and self.algo.beta == 0),
@@ -723,7 +754,7 @@ def _warn_step_counter_hazard(cfg: Config) -> None:
     o, r = cfg.opt_reset, cfg.reset
     v_scale = o.factor if o.kind == "soft" else o.v_factor if o.kind == "asym" else 1.0
     frequent = r.trigger in ("periodic", "polyak") and r.every <= FREQUENT_RESETS
-    if cfg.variant.name == VariantName.C and v_scale < 1.0 and o.step == StepPolicy.keep and frequent:
+    if cfg.variant.resets and v_scale < 1.0 and o.step == StepPolicy.keep and frequent:
         warnings.warn(
             f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step=keep, and resets come every "
             f"{r.every} steps: the effective step size ratchets up at each reset (measured: learning collapses). "

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from prorl_bench.accounting import StepAccounting
-from prorl_bench.config import VariantName
 from prorl_bench.lora import LoRALinear, growth_generator, lora_layers
+from prorl_bench.registry import REFERENCES
 from prorl_bench.rollout import Rollout, chunked_logprobs, token_logprobs
 
 
@@ -163,6 +163,9 @@ class Reference:
         raise NotImplementedError
 
 
+# per_rollout: reference logprobs exist for the whole rollout before the update (needed to fold the
+# KL into the reward); model: a reference model exists at all.
+@REFERENCES.register("none", per_rollout=False, model=False)
 class NoReference(Reference):
     """Variant B: no reference model is built; there is nothing to compute."""
 
@@ -172,6 +175,7 @@ class NoReference(Reference):
         return None
 
 
+@REFERENCES.register("cached", per_rollout=True, model=True)
 class CachedReference(Reference):
     """Variants A1 and C: one reference pass per rollout, reused by every epoch and minibatch."""
 
@@ -188,6 +192,7 @@ class CachedReference(Reference):
         return self._cache[idx]
 
 
+@REFERENCES.register("buffered", per_rollout=True, model=True)
 class BufferedReference(CachedReference):
     """Variant A2: as A1, but written into one preallocated (max_batch, max_len) buffer.
 
@@ -211,6 +216,7 @@ class BufferedReference(CachedReference):
         self.forward_cost(acct, batch)
 
 
+@REFERENCES.register("recompute", per_rollout=False, model=True)
 class RecomputeReference(Reference):
     """Variant A0: the deliberately wasteful baseline — a reference forward in every minibatch."""
 
@@ -225,7 +231,7 @@ class RecomputeReference(Reference):
 
 
 def build_reference(
-    variant: VariantName,
+    strategy: str,
     policy: torch.nn.Module,
     *,
     temperature: float,
@@ -236,19 +242,18 @@ def build_reference(
     device: torch.device,
     adapter_reference: bool = False,
 ) -> Reference:
-    """The variant's reference strategy; for B no model copy is made at all.
+    """The reference strategy ``strategy`` (variant.reference); for ``none`` no model copy is made.
 
     ``adapter_reference``: the reference model is an ``AdapterReference`` (frozen base + its own
-    adapter weights) instead of a deep copy of the policy.
+    adapter weights) instead of a deep copy of the policy. A registered strategy is built as
+    ``cls(model=..., max_batch=..., max_len=..., device=..., temperature=..., banned=..., chunk=...,
+    flops_per_token=...)`` and takes the keywords it needs.
     """
+    cls = REFERENCES[strategy]
     kw = dict(temperature=temperature, banned=banned, chunk=chunk, flops_per_token=policy.flops_per_token)
-    if variant == VariantName.B:
-        return NoReference(**kw)
+    if not REFERENCES.meta(strategy)["model"]:
+        return cls(**kw)
     model = AdapterReference(policy) if adapter_reference else frozen_copy(policy)
-    if variant == VariantName.A0:
-        return RecomputeReference(model, **kw)
-    if variant == VariantName.A2:
-        return BufferedReference(model, max_batch, max_len, device, **kw)
-    if variant in (VariantName.A1, VariantName.C):
-        return CachedReference(model, **kw)
-    raise ValueError(f"variant.name={variant!r}: allowed {[v.value for v in VariantName]}")
+    if cls is BufferedReference or issubclass(cls, BufferedReference):
+        return cls(model, max_batch, max_len, device, **kw)
+    return cls(model, **kw)

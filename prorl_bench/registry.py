@@ -89,6 +89,7 @@ KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("kl_estimator.name", "KL 
 TASKS: Registry[Callable[..., Any]] = Registry("task.name", "task")
 RESET_TRIGGERS: Registry[type] = Registry("reset.trigger", "reset trigger")
 OPT_TRANSFORMS: Registry[Callable[..., Any]] = Registry("opt_reset.kind", "optimizer-state transform")
+REFERENCES: Registry[type] = Registry("variant.reference", "reference strategy")
 
 # Modules whose import registers the built-in options.
 BUILTIN_MODULES = (
@@ -97,6 +98,7 @@ BUILTIN_MODULES = (
     "prorl_bench.tasks",
     "prorl_bench.resets",
     "prorl_bench.opt_state",
+    "prorl_bench.reference",
 )
 _loaded = False
 

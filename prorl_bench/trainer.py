@@ -36,7 +36,6 @@ from prorl_bench.config import (
     K2Mode,
     KLPlacement,
     LossAgg,
-    VariantName,
 )
 from prorl_bench.evaluation import completions, score, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
@@ -118,7 +117,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     s = _initial_state(cfg, policy, task, banned, device, mb_size)
     ref = s.ref
     base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
-    if cfg.variant.name == VariantName.C:
+    if cfg.variant.resets:
         base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
     kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
     peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
@@ -144,7 +143,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         out = run.out
         if ckpt is None:
             params = sum(p.numel() for p in policy.parameters())
-            out.event(0, "start", "run", variant=cfg.variant.name.value, objective=ref.objective, base=base_info,
+            out.event(0, "start", "run", variant=cfg.variant.name, objective=ref.objective, base=base_info,
                       params=params)  # fmt: skip
         else:
             out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
@@ -364,7 +363,7 @@ def _initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: t
         attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
     policy.train()
     ref = build_reference(
-        cfg.variant.name, policy, temperature=a.temperature, banned=banned, chunk=mb_size,
+        cfg.variant.reference, policy, temperature=a.temperature, banned=banned, chunk=mb_size,
         max_batch=a.prompts_per_step * a.group_size, max_len=task.max_completion_len, device=device,
         adapter_reference=uses_adapter_reference(cfg),
     )  # fmt: skip
@@ -564,7 +563,7 @@ def summarize(
     return {
         "status": "completed",
         "error": None,
-        "variant": cfg.variant.name.value,
+        "variant": cfg.variant.name,
         "objective": objective,
         "steps_completed": n,
         "wall_time_s": wall,

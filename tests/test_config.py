@@ -38,7 +38,7 @@ def test_every_option_composes_and_validates(group, option, request):
 
 def test_defaults_are_the_documented_experiment():
     cfg = make_config()
-    assert cfg.task.name == "reverse_digits" and cfg.variant.name.value == "A1"
+    assert cfg.task.name == "reverse_digits" and cfg.variant.name == "A1"
     assert cfg.kl_estimator.name == "k3" and cfg.algo.advantage == "grpo"
 
 
@@ -140,3 +140,25 @@ def test_missing_extra_names_setting_and_install_command(monkeypatch):
     expected = r"task.name=reasoning_gym needs the 'reasoning' extra .*prorl-bench\[reasoning\]"
     with pytest.raises(ConfigError, match=expected):
         require_extra("reasoning_gym", "task.name=reasoning_gym", "reasoning")
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["variant=A1", "variant.reference=recompute"], "variant.reference"),  # A1 is the cached preset
+        (["variant=C", "variant.resets=false"], "variant.resets"),
+        (["variant.reference=teleport"], "variant.reference"),
+        (["variant.name=A1 x"], "variant.name"),
+    ],
+)
+def test_variant_presets_are_fixed(overrides, key):
+    with pytest.raises(ConfigError, match=f"invalid config value {key}="):
+        make_config(overrides)
+
+
+def test_custom_variant_over_the_reference_axes():
+    """A new combination under its own name: the recompute strategy with resets allowed."""
+    cfg = make_config(["variant.name=A0C", "variant.reference=recompute", "variant.resets=true", "reset=periodic"])
+    assert (cfg.variant.name, cfg.variant.reference, cfg.variant.resets) == ("A0C", "recompute", True)
+    with pytest.raises(ConfigError, match="kl_estimator.placement"):  # recompute has no per-rollout cache
+        make_config(["variant.name=X", "variant.reference=recompute", "kl_estimator.placement=reward"])

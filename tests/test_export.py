@@ -18,7 +18,6 @@ from prorl_bench.config import (  # noqa: E402
     ModelKind,
     TaskConfig,
     VariantConfig,
-    VariantName,
 )
 from prorl_bench.export import export_hf, export_native, load_native, load_run, main  # noqa: E402
 from prorl_bench.trainer import train  # noqa: E402
@@ -27,7 +26,7 @@ from prorl_bench.trainer import train  # noqa: E402
 def _cfg(model: ModelConfig, adapter: AdapterConfig | None = None) -> Config:
     return Config(
         task=TaskConfig(name="reverse_digits", min_len=2, max_len=3, val_size=4),
-        variant=VariantConfig(name=VariantName.A1),
+        variant=VariantConfig.preset("A1"),
         model=model,
         algo=AlgoConfig(prompts_per_step=2, group_size=4, minibatches=1, ppo_epochs=1, lr=1e-2),
         adapter=adapter or AdapterConfig(),

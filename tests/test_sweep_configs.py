@@ -68,7 +68,7 @@ def test_command_line_overrides_the_grid():
 def test_ablation_arms_select_their_variant_and_c_resets():
     for arm in ("A0", "A1", "A2", "B", "C"):
         conf = _validate(["+sweep=ablation", f"+arm={arm}"])
-        assert conf.variant.name.value == arm
+        assert conf.variant.name == arm
         assert (conf.reset.trigger != "none") == (arm == "C")
 
 
