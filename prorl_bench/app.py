@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from prorl_bench import searchpath
 from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.guards import Preempted
 from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
@@ -29,7 +30,7 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (re-running the same command resum
 
 # conf/ lives at the repository top level (the documented layout); an absolute path keeps Hydra from
 # resolving it as a Python module relative to this package.
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(searchpath.CONF_DIR)  # the checkout's conf/, or the copy a wheel ships
 
 
 def failed_summary(error: BaseException) -> dict[str, Any]:

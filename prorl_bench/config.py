@@ -784,7 +784,7 @@ def _task_lengths(task: TaskConfig) -> tuple[int, int]:
 
 def register_configs() -> None:
     """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults."""
-    register_resolvers()  # ${prorl_bench_root:} in hydra.searchpath (conf/config.yaml)
+    register_resolvers()  # ${prorl_bench_sweeps:} in hydra.searchpath (conf/config.yaml)
     if not OmegaConf.has_resolver("prorl_bench_help"):  # every key's help in `prorl-bench --help`
         from prorl_bench.confhelp import help_text
 

@@ -162,3 +162,13 @@ def test_custom_variant_over_the_reference_axes():
     assert (cfg.variant.name, cfg.variant.reference, cfg.variant.resets) == ("A0C", "recompute", True)
     with pytest.raises(ConfigError, match="kl_estimator.placement"):  # recompute has no per-rollout cache
         make_config(["variant.name=X", "variant.reference=recompute", "kl_estimator.placement=reward"])
+
+
+def test_config_dirs_prefer_the_copy_a_wheel_ships(tmp_path, monkeypatch):
+    from prorl_bench import searchpath
+
+    assert searchpath.CONF_DIR == searchpath.ROOT / "conf"  # a checkout / editable install
+    monkeypatch.setattr(searchpath, "PACKAGE", tmp_path)
+    assert searchpath._pick("_conf", "conf") == searchpath.ROOT / "conf"
+    (tmp_path / "_conf").mkdir()
+    assert searchpath._pick("_conf", "conf") == tmp_path / "_conf"  # inside an installed package

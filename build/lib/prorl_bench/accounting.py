@@ -1,0 +1,109 @@
+"""Per-stage wall timers, forward counters and FLOP accounting for one training step.
+
+Stage names and counter keys are an output contract (README "Outputs"): ``time/<stage>``,
+``count/policy_fwd``, ``count/ref_fwd``, ``tokens/policy_fwd``, ``tokens/ref_fwd``.
+Timers synchronise CUDA before reading the clock so a stage is charged for its own kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth", "eval")
+COUNTERS = ("count/policy_fwd", "count/ref_fwd", "tokens/policy_fwd", "tokens/ref_fwd")
+
+
+class StepAccounting:
+    """Collects timers (seconds), forward counts and FLOPs; ``reset()`` at the start of each step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = device.type == "cuda"
+        self.reset()
+
+    def reset(self) -> None:
+        self.times = {s: 0.0 for s in STAGES}
+        self.counts = {c: 0 for c in COUNTERS}
+        self.flops = 0.0
+        self._open: list[list[float]] = []  # [start, time spent in nested stages] per open stage
+        self._t0 = self._now()
+
+    def _now(self) -> float:
+        if self._sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time a stage. Stages nest exclusively: A0's reference forward inside ``update`` is
+        charged to ``ref_logprob`` and not to ``update``, so the stage times add up to the step."""
+        if name not in self.times:
+            raise KeyError(f"unknown stage {name!r}; stages are {STAGES}")
+        frame = [self._now(), 0.0]
+        self._open.append(frame)
+        try:
+            yield
+        finally:
+            self._open.pop()
+            elapsed = self._now() - frame[0]
+            self.times[name] += elapsed - frame[1]
+            if self._open:
+                self._open[-1][1] += elapsed
+
+    def forward(self, who: str, tokens: int | torch.Tensor, flops: float | torch.Tensor) -> None:
+        """Record one teacher-forced forward pass of ``who`` ('policy' or 'ref') over ``tokens``."""
+        self.counts[f"count/{who}_fwd"] += 1
+        # ``tokens``/``flops`` may be 0-d device tensors: they are summed lazily and read once in row(),
+        # so counting a forward inside the update loop never forces a host<->device sync on GPU.
+        self.counts[f"tokens/{who}_fwd"] = self.counts[f"tokens/{who}_fwd"] + tokens
+        self.flops = self.flops + flops
+
+    def add_flops(self, flops: float | torch.Tensor) -> None:
+        self.flops = self.flops + flops
+
+    def row(self, samples: int, generated_tokens: int, peak_flops: float) -> dict[str, float]:
+        """The step's accounting fields; time/step is the wall time since ``reset()``."""
+        step_time = self._now() - self._t0
+        out: dict[str, float] = {f"time/{k}": v for k, v in self.times.items()}
+        out["time/step"] = step_time
+        self.counts = {k: int(v) for k, v in self.counts.items()}  # the step's one read of lazy counters
+        self.flops = float(self.flops)
+        out.update(self.counts)
+        out["time/ref_share"] = self.times["ref_logprob"] / step_time if step_time > 0 else 0.0
+        out["throughput/tokens_per_s"] = generated_tokens / step_time
+        out["throughput/samples_per_s"] = samples / step_time
+        out["perf/flops"] = self.flops
+        out["perf/flops_per_s"] = self.flops / step_time
+        out["perf/mfu"] = self.flops / step_time / peak_flops
+        return out
+
+
+_PEAK_CACHE: dict[str, float] = {}
+
+
+def measured_matmul_peak(device: torch.device, n: int = 1024, trials: int = 5, reps: int = 3) -> float:
+    """Achievable fp32 matmul FLOP/s on this device with the current thread count (cached).
+
+    The best of ``trials`` timings of ``reps`` (n x n) @ (n x n) products: a peak, so a busy
+    moment during the measurement does not deflate it (which would inflate MFU).
+    """
+    key = f"{device}:{torch.get_num_threads()}"
+    if key not in _PEAK_CACHE:
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        a @ b  # warm-up
+        best = float("inf")
+        for _ in range(trials):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        _PEAK_CACHE[key] = 2.0 * n**3 * reps / best
+    return _PEAK_CACHE[key]

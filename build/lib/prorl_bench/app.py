@@ -1,0 +1,117 @@
+"""The ``prorl-bench`` command: a thin Hydra entry point around ``trainer.train``.
+
+Kept in an importable module (the joblib launcher pickles the task function). Each job:
+validates its config, writes the resolved config, pins torch threads, trains, and writes
+``summary.json`` — with ``status: failed`` and the error text if anything raised.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from prorl_bench import searchpath
+from prorl_bench.config import ConfigError, register_configs, to_config
+from prorl_bench.guards import Preempted
+from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
+from prorl_bench.rundir import RunDirBusy, has_previous_run
+
+register_configs()
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (re-running the same command resumes)
+
+# conf/ lives at the repository top level (the documented layout); an absolute path keeps Hydra from
+# resolving it as a Python module relative to this package.
+CONF_DIR = str(searchpath.CONF_DIR)  # the checkout's conf/, or the copy a wheel ships
+
+
+def failed_summary(error: BaseException) -> dict[str, Any]:
+    return {
+        "status": "failed",
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+    }
+
+
+def run(cfg: DictConfig) -> float:
+    """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers)."""
+    from prorl_bench.trainer import train  # keeps `--help` and config errors fast
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
+    had_run = has_previous_run(run_dir)  # its record must survive a refused start
+    try:
+        conf = to_config(cfg)
+        threads = conf.hardware.torch_threads or (1 if multirun else (os.cpu_count() or 1))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        cache = Path(conf.warmup.cache_dir)
+        if not cache.is_absolute():
+            cache = Path(hydra.utils.get_original_cwd()) / cache
+        summary = train(
+            conf,
+            run_dir,
+            cache,
+            threads=threads,
+            progress=conf.progress and not multirun,
+            resolved_config=OmegaConf.to_yaml(cfg, resolve=True),
+        )
+    except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
+        print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)
+        if multirun:
+            raise  # a job error, not a process exit: the other jobs of the sweep go on
+        raise SystemExit(EXIT_PREEMPTED) from None
+    except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
+        # ...except where that would overwrite someone else's record: a directory held by another
+        # process, or an existing run whose resume was refused (config error) — nothing is written
+        refused = isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run)
+        if not refused:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_summary(run_dir, failed_summary(e))
+        if isinstance(e, ConfigError) and not multirun:
+            print(f"prorl-bench: config error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    print(
+        f"[prorl-bench] {run_dir}: success_rate first10={summary['success_rate/first10']:.3f} "
+        f"last10={summary['success_rate/last10']:.3f}, {summary['time/step_mean'] * 1e3:.1f} ms/step, "
+        f"ref share {summary['time/ref_share']:.1%}"
+    )
+    if not multirun:
+        print(final_report(run_dir, summary))
+    return float(summary["success_rate/last10"])
+
+
+def final_report(run_dir: Path, summary: dict[str, Any], n_prompts: int = 3, n_samples: int = 4) -> str:
+    """The end-of-run console summary: final held-out figures, a few real completions from the last
+    evaluation (samples.jsonl), and where the files are."""
+    lines = []
+    val = summary.get("final_val") or {}
+    ks = sorted(int(k.split("@")[1]) for k in val if k.startswith("val/pass@"))
+    if ks:
+        figures = ", ".join(f"pass@{k} {val[f'val/pass@{k}']:.3f}" for k in ks)
+        lines.append(f"  held-out (step {val.get('step')}): {figures}, greedy {val.get('val/success_greedy', 0):.3f}")
+    rows = read_jsonl(run_dir / SAMPLES)
+    last = [r for r in rows if rows and r["step"] == rows[-1]["step"]][:n_prompts]
+    for r in last:
+        shown = " ".join(f"{s['completion']!r}{'✓' if s['success'] else '✗'}" for s in r["samples"][:n_samples])
+        lines.append(f"  {r['prompt']!r} → want {r['target']!r}: greedy {r['greedy']!r}; samples {shown}")
+    lines.append(f"  summary: {run_dir / 'summary.json'}  samples: {run_dir / SAMPLES}")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> float:
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

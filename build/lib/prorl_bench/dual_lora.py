@@ -1,0 +1,118 @@
+"""Dual (retain / forget) LoRA adapters for gradient routing (issue 14, partial).
+
+``DualLoRALinear`` wraps an ``nn.Linear``:
+    y = base(x) + s_r * c_r * (x A_r^T B_r^T) + s_f * c_f * (x A_f^T B_f^T)
+with c = alpha / rank fixed at attach time and (s_r, s_f) the inference scales set by
+``adapter_scales`` (``both`` = (1, 1), ``retain_only`` = (1, 0), ``forget_only`` = (0, 1)).
+
+Routing is a single pass with a per-sample stop-gradient: inside ``route_rows(model, mask)``
+(mask: bool, shape (batch,), True = labelled hack sample) the retain path of labelled rows is
+computed with detached retain parameters, so forward values are unchanged and the retain
+adapter gets exactly zero gradient from
+those rows, while the forget adapter (and the retain adapter on unlabelled rows) learn as usual.
+One pass was chosen over homogeneous sub-batches because the loss of a mixed minibatch is then
+literally the same expression as without routing (no re-normalisation across sub-batches).
+Rank growth is not supported for dual adapters (``check_growth`` raises).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+
+from prorl_bench.lora import LoRALinear, wrap_linears
+
+SCALE_MODES: dict[str, tuple[float, float]] = {
+    "both": (1.0, 1.0),
+    "retain_only": (1.0, 0.0),
+    "forget_only": (0.0, 1.0),
+}
+
+
+class DualLoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, retain_rank: int, forget_rank: int, alpha: float, freeze_base: bool) -> None:
+        super().__init__()
+        if retain_rank < 1 or forget_rank < 1:
+            raise ValueError(f"dual_lora ranks must be >= 1, got retain={retain_rank} forget={forget_rank}")
+        self.base = base
+        self.retain_scaling = alpha / retain_rank
+        self.forget_scaling = alpha / forget_rank
+        init = LoRALinear._init_rows
+        self.lora_retain_A = nn.Parameter(init(retain_rank, base.in_features, base.weight))
+        self.lora_retain_B = nn.Parameter(base.weight.new_zeros(base.out_features, retain_rank))
+        self.lora_forget_A = nn.Parameter(init(forget_rank, base.in_features, base.weight))
+        self.lora_forget_B = nn.Parameter(base.weight.new_zeros(base.out_features, forget_rank))
+        self.scales: tuple[float, float] = (1.0, 1.0)
+        self.row_mask: torch.Tensor | None = None  # (batch,) bool, True = detach retain path
+        if freeze_base:
+            base.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s_r, s_f = self.scales
+        out = self.base(x)
+        if s_r != 0.0:
+            r = (self.retain_scaling * s_r) * ((x @ self.lora_retain_A.t()) @ self.lora_retain_B.t())
+            if self.row_mask is not None:
+                if self.row_mask.shape[0] != x.shape[0]:
+                    raise ValueError(f"route mask has {self.row_mask.shape[0]} rows, batch has {x.shape[0]}")
+                # detach the retain *parameters* (not x) on labelled rows, so gradient still
+                # reaches earlier layers' forget adapters through this layer's retain path
+                m = self.row_mask.view(-1, *([1] * (x.dim() - 1)))
+                a, b = self.lora_retain_A.detach(), self.lora_retain_B.detach()
+                r_det = (self.retain_scaling * s_r) * ((x @ a.t()) @ b.t())
+                r = torch.where(m, r_det, r)
+            out = out + r
+        if s_f != 0.0:
+            out = out + (self.forget_scaling * s_f) * ((x @ self.lora_forget_A.t()) @ self.lora_forget_B.t())
+        return out
+
+
+def attach_dual_lora(
+    model: nn.Module, targets: list[str], retain_rank: int, forget_rank: int, alpha: float, freeze_base: bool
+) -> int:
+    """Replace every ``nn.Linear`` named in ``targets`` by a DualLoRALinear (same matching as LoRA)."""
+    return wrap_linears(
+        model, targets, lambda base: DualLoRALinear(base, retain_rank, forget_rank, alpha, freeze_base), freeze_base
+    )
+
+
+def dual_layers(model: nn.Module) -> list[DualLoRALinear]:
+    return [m for m in model.modules() if isinstance(m, DualLoRALinear)]
+
+
+@contextlib.contextmanager
+def adapter_scales(model: nn.Module, mode: str) -> Iterator[None]:
+    """Set (retain, forget) scales of every dual layer to ``SCALE_MODES[mode]`` for the block."""
+    if mode not in SCALE_MODES:
+        raise ValueError(f"unknown adapter scale mode {mode!r}; choose from {sorted(SCALE_MODES)}")
+    layers = dual_layers(model)
+    old = [m.scales for m in layers]
+    for m in layers:
+        m.scales = SCALE_MODES[mode]
+    try:
+        yield
+    finally:
+        for m, s in zip(layers, old):
+            m.scales = s
+
+
+@contextlib.contextmanager
+def route_rows(model: nn.Module, mask: torch.Tensor) -> Iterator[None]:
+    """Detach the retain path for rows where ``mask`` (bool, shape (batch,)) is True."""
+    layers = dual_layers(model)
+    for m in layers:
+        m.row_mask = mask.to(torch.bool)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.row_mask = None
+
+
+def check_growth(model: nn.Module) -> None:
+    """Rank growth is defined for plain LoRA only: fail loudly on dual adapters."""
+    if dual_layers(model):
+        raise ValueError("growth=rank is not supported with adapter=dual_lora; use growth=none")

@@ -1,0 +1,156 @@
+"""Held-out evaluation: what RL does to the policy's *distribution*, not only its best guess.
+
+``validate`` draws ``n`` samples per held-out prompt (one batched generate call, chunked) and reports
+
+* ``val/pass@{k}``: unbiased pass@k (``passk.py``), per prompt then averaged — coverage. RL often
+  raises pass@1 while *lowering* pass@n (the policy narrows onto fewer answers);
+* ``val/success_sampled`` (= pass@1: the mean success over all samples) and ``val/reward_mean``;
+* ``val/distinct_per_prompt``: distinct completions among one prompt's n samples, averaged — the
+  collapse signal (n = fully diverse, 1 = one answer per prompt);
+* ``val/unique_frac``: distinct completions across *different* prompts (first sample of each) over
+  the number of prompts — a degeneracy signal only (a policy that answers each prompt with its own
+  single answer scores 1 here while ``distinct_per_prompt`` is 1);
+* ``val/entropy``: mean per-token entropy (nats) of the sampling distribution along the samples;
+* ``val/success_greedy``: greedy decoding;
+* ``val/by_difficulty/<label>/success`` and ``.../pass@{k_max}``: the same per difficulty label the
+  task gives each problem (input length for the digit tasks, the generator for reasoning-gym).
+
+and returns the ``samples.jsonl`` rows for the first ``n_sample_prompts`` prompts (prompt, target,
+difficulty, every sample with its reward, the greedy completion) so a person can read what changed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from prorl_bench.passk import distinct_per_prompt, mean_pass_at_k
+from prorl_bench.rollout import Rollout, generate, token_logprobs
+from prorl_bench.tasks import Problem, Task
+from prorl_bench.tokenizers import CharTokenizer
+
+
+def completions(tok: CharTokenizer, batch: Rollout) -> list[str]:
+    return [tok.decode(row) for row in batch.completion_ids.tolist()]
+
+
+def score(task: Task, texts: Sequence[str], problems: Sequence[Problem]) -> tuple[list[float], list[bool]]:
+    scored = [task.score(c, p) for c, p in zip(texts, problems)]
+    return [r for r, _ in scored], [s for _, s in scored]
+
+
+@torch.no_grad()
+def evaluate(
+    policy: torch.nn.Module,
+    task: Task,
+    tok: CharTokenizer,
+    problems: Sequence[Problem],
+    temperature: float,
+    generator: torch.Generator,
+    device: torch.device,
+    greedy_too: bool = True,
+) -> dict[str, float]:
+    """One sample per problem (and greedy): the warm-up's stopping check (``base.py``).
+
+    Kept separate from ``validate`` so the cached base policies stay exactly what they were.
+    """
+    was_training = policy.training
+    policy.eval()
+    ids, mask = tok.encode_prompts([p.prompt for p in problems])
+    ids, mask = ids.to(device), mask.to(device)
+    out: dict[str, float] = {}
+    sampled = completions(
+        tok, generate(policy, tok, ids, mask, task.max_completion_len, temperature, generator=generator)
+    )
+    rewards, success = score(task, sampled, problems)
+    out["val/success_sampled"] = sum(success) / len(success)
+    out["val/reward_mean"] = sum(rewards) / len(rewards)
+    out["val/unique_frac"] = len(set(sampled)) / len(sampled)
+    if greedy_too:
+        greedy = completions(tok, generate(policy, tok, ids, mask, task.max_completion_len, 1.0, greedy=True))
+        out["val/success_greedy"] = sum(score(task, greedy, problems)[1]) / len(problems)
+    policy.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def validate(
+    policy: torch.nn.Module,
+    task: Task,
+    tok: CharTokenizer,
+    problems: Sequence[Problem],
+    *,
+    temperature: float,
+    banned: tuple[int, ...],
+    generator: torch.Generator,
+    device: torch.device,
+    n_samples: int,
+    ks: Sequence[int],
+    n_sample_prompts: int,
+    chunk: int,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Validation row (keys above) and the readable sample rows. ``chunk``: sequences per generate call."""
+    was_training = policy.training
+    policy.eval()
+    n = n_samples
+    flat = [p for p in problems for _ in range(n)]  # prompt-major: samples of problem i at [i*n, (i+1)*n)
+    texts: list[str] = []
+    ent_sum, ent_tokens = 0.0, 0.0
+    for s in range(0, len(flat), chunk):
+        part = flat[s : s + chunk]
+        ids, mask = tok.encode_prompts([p.prompt for p in part])
+        batch = generate(
+            policy, tok, ids.to(device), mask.to(device), task.max_completion_len, temperature, generator=generator
+        )
+        texts += completions(tok, batch)
+        _, ent = token_logprobs(policy, batch, temperature, banned, with_entropy=True)
+        ent_sum += float((ent * batch.completion_mask).sum())
+        ent_tokens += float(batch.completion_mask.sum())
+    rewards, success = score(task, texts, flat)
+    by_prompt = [success[i * n : (i + 1) * n] for i in range(len(problems))]
+    texts_by_prompt = [texts[i * n : (i + 1) * n] for i in range(len(problems))]
+
+    ids, mask = tok.encode_prompts([p.prompt for p in problems])
+    greedy = completions(
+        tok, generate(policy, tok, ids.to(device), mask.to(device), task.max_completion_len, 1.0, greedy=True)
+    )
+    greedy_success = score(task, greedy, problems)[1]
+    policy.train(was_training)
+
+    row: dict[str, float] = {
+        "val/success_sampled": sum(success) / len(success),
+        "val/reward_mean": sum(rewards) / len(rewards),
+        "val/unique_frac": len({t[0] for t in texts_by_prompt}) / len(problems),
+        "val/distinct_per_prompt": distinct_per_prompt(texts_by_prompt),
+        "val/entropy": ent_sum / ent_tokens if ent_tokens else float("nan"),
+        "val/success_greedy": sum(greedy_success) / len(problems),
+    }
+    for k in ks:
+        row[f"val/pass@{k}"] = mean_pass_at_k(by_prompt, k)
+    k_max = max(ks)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(problems):
+        groups[p.difficulty or "all"].append(i)
+    for label in sorted(groups):
+        idx = groups[label]
+        row[f"val/by_difficulty/{label}/success"] = sum(sum(by_prompt[i]) for i in idx) / (n * len(idx))
+        row[f"val/by_difficulty/{label}/pass@{k_max}"] = mean_pass_at_k([by_prompt[i] for i in idx], k_max)
+
+    samples = [
+        {
+            "prompt": p.prompt,
+            "target": p.target,
+            "difficulty": p.difficulty,
+            "samples": [
+                {"completion": texts[i * n + j], "reward": rewards[i * n + j], "success": success[i * n + j]}
+                for j in range(n)
+            ],
+            "greedy": greedy[i],
+            "greedy_success": greedy_success[i],
+        }
+        for i, p in enumerate(problems[:n_sample_prompts])
+    ]
+    return row, samples

@@ -1,0 +1,296 @@
+"""Take a trained policy out of the bench: export a run's checkpoint, reload it, sample from it.
+
+``prorl-bench-export RUN_DIR OUT`` reads the newest checkpoint of ``RUN_DIR`` (``torch.load`` with
+``weights_only=True``) and writes, depending on ``model.kind``:
+
+* ``hf_causal_lm``: a Hugging Face directory (``save_pretrained`` weights + config + the run's
+  tokenizer) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads with the bench
+  policy's logits. The fast path's fused layers (``layers.0.qkv``, ``fc1`` = gate|up) are split
+  back into the HF names (``q_proj``/``k_proj``/``v_proj``, ``gate_proj``/``up_proj``), and LoRA
+  adapters are merged into the weights (W + alpha/r * B A). A PEFT-format adapter directory is not
+  written yet.
+* ``native``: the documented native format, loaded by :func:`load_native`:
+
+  - ``model.safetensors``: the ``TransformerPolicy`` state dict (LoRA merged, names as in
+    ``prorl_bench.model``), fp32;
+  - ``config.json``: ``{"format": "prorl-bench-native", "version": 1, "model": {ModelConfig fields},
+    "vocab_size": int}``;
+  - ``tokenizer.json``: ``{"kind": "char", "pad": 0, "bos": 1, "eos": 2, "first": 32, "last": 126}``
+    (id ``3 + ord(c) - 32`` for a printable ASCII character ``c``).
+
+``prorl-bench-sample RUN_DIR_OR_EXPORT --prompt TEXT [--n 4] [--temperature 1.0]`` samples
+completions from a run's (or an exported directory's) policy with the bench's own sampler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from prorl_bench.checkpoint import checkpoint_paths, load_verified
+from prorl_bench.config import AdapterKind, Config, ConfigError, ModelConfig, ModelKind
+from prorl_bench.lora import LoRALinear, attach_lora, grow_rank, lora_layers
+
+NATIVE_FORMAT = "prorl-bench-native"
+
+
+def _config_from_dict(d: dict[str, Any]) -> Config:
+    from omegaconf import OmegaConf
+
+    from prorl_bench.config import to_config
+
+    return to_config(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(_enum_names(Config, d))))
+
+
+def _enum_names(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """checkpoint.config_dict stores enum *values*; OmegaConf's structured merge wants enum members."""
+    import enum
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        t = hints.get(k)
+        if isinstance(t, type) and issubclass(t, enum.Enum) and v is not None:
+            out[k] = t(v)
+        elif isinstance(t, type) and dataclasses.is_dataclass(t) and isinstance(v, dict):
+            out[k] = _enum_names(t, v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
+    """Rebuild the policy of ``run_dir``'s newest checkpoint on CPU: (policy, tokenizer, config, step).
+
+    Raises ConfigError if the directory has no checkpoint (``checkpoint.every`` must be > 0).
+    """
+    from prorl_bench.model import TransformerPolicy
+    from prorl_bench.policies import build_tokenizer
+
+    paths = checkpoint_paths(Path(run_dir))
+    if not paths:
+        raise ConfigError(f"{run_dir}: no checkpoints/step_*.pt (run with checkpoint.every > 0)")
+    blob = load_verified(paths[-1])  # checksum + safe loading; a damaged file is named
+    cfg = _config_from_dict(blob["config"])
+    tok = build_tokenizer(cfg)
+    if cfg.model.kind == ModelKind.hf_causal_lm:
+        from prorl_bench.hf_model import load_policy
+
+        targets = list(cfg.adapter.targets) if cfg.adapter.kind == AdapterKind.lora else []
+        policy = load_policy(cfg.model, torch.device("cpu"), targets)
+    else:
+        policy = TransformerPolicy(cfg.model, tok.vocab_size)
+    if cfg.adapter.kind == AdapterKind.lora:
+        d = cfg.adapter
+        attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
+        if blob.get("adapter_rank", d.rank) > d.rank:
+            grow_rank([policy], blob["adapter_rank"], seed=0)
+    policy.load_state_dict(blob["policy"])
+    policy.eval()
+    return policy, tok, cfg, int(blob["step"])
+
+
+@torch.no_grad()
+def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's state dict with every LoRALinear folded into a plain Linear's names:
+    ``X.weight = X.base.weight + scaling * X.lora_B @ X.lora_A`` (``X.bias = X.base.bias``)."""
+    sd = {k: v.detach().float().cpu().clone() for k, v in policy.state_dict().items()}
+    for name, mod in lora_layers(policy):
+        assert isinstance(mod, LoRALinear)
+        for k in [k for k in sd if k.startswith(name + ".base.") or k.startswith(name + ".lora_")]:
+            del sd[k]
+        delta = mod.scaling * (mod.lora_B.float() @ mod.lora_A.float())
+        sd[f"{name}.weight"] = (mod.base.weight.float() + delta).cpu()
+        if mod.base.bias is not None:
+            sd[f"{name}.bias"] = mod.base.bias.detach().float().cpu().clone()
+    return sd
+
+
+def _fast_to_hf(sd: dict[str, torch.Tensor], policy: nn.Module) -> dict[str, torch.Tensor]:
+    """Split FastLlamaPolicy's fused names back into transformers' LLaMA-family names."""
+    h, hkv, dh = policy.h, policy.hkv, policy.dh
+    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": sd["embed.weight"], "model.norm.weight": sd["norm"]}
+    out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(policy.n_layers):
+        p, q = f"layers.{i}.", f"model.layers.{i}."
+        out[q + "input_layernorm.weight"] = sd[p + "in_norm"]
+        out[q + "post_attention_layernorm.weight"] = sd[p + "post_norm"]
+        for kind in ("weight", "bias"):
+            if p + "qkv." + kind in sd:
+                qw, kw, vw = torch.split(sd[p + "qkv." + kind], [h * dh, hkv * dh, hkv * dh])
+                out[q + "self_attn.q_proj." + kind] = qw
+                out[q + "self_attn.k_proj." + kind] = kw
+                out[q + "self_attn.v_proj." + kind] = vw
+            if p + "proj." + kind in sd:
+                out[q + "self_attn.o_proj." + kind] = sd[p + "proj." + kind]
+        gate, up = sd[p + "fc1.weight"].chunk(2)
+        out[q + "mlp.gate_proj.weight"] = gate
+        out[q + "mlp.up_proj.weight"] = up
+        out[q + "mlp.down_proj.weight"] = sd[p + "fc2.weight"]
+    return out
+
+
+def hf_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """HF-named, LoRA-merged weights of an HF policy (either implementation)."""
+    from prorl_bench.fast_llama import FastLlamaPolicy
+
+    sd = merged_state_dict(policy)
+    if isinstance(policy, FastLlamaPolicy):
+        return _fast_to_hf(sd, policy)
+    return {k.removeprefix("hf."): v for k, v in sd.items()}
+
+
+def export_hf(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
+    """Write ``save_pretrained`` weights + tokenizer of an HF policy to ``out`` (LoRA merged)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = str(cfg.model.path)
+    hf_cfg = AutoConfig.from_pretrained(src, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
+    sd = hf_state_dict(policy)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    tied = {"lm_head.weight"} if getattr(hf_cfg, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(
+            f"export: weight names do not match {type(model).__name__}: missing {missing}, unexpected {unexpected}"
+        )
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(out)
+    return out
+
+
+def export_native(policy: nn.Module, cfg: Config, vocab_size: int, out: str | Path) -> Path:
+    """Write the native format (module docstring) to ``out``."""
+    from safetensors.torch import save_file
+
+    from prorl_bench.tokenizers import CharTokenizer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in merged_state_dict(policy).items()}
+    save_file(sd, str(out / "model.safetensors"))
+    model_d = json.loads(json.dumps(dataclasses.asdict(cfg.model), default=lambda e: e.value))
+    meta = {"format": NATIVE_FORMAT, "version": 1, "model": model_d, "vocab_size": vocab_size}
+    (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+    t = CharTokenizer()
+    tok = {"kind": "char", "pad": t.PAD, "bos": t.BOS, "eos": t.EOS, "first": t._FIRST, "last": t._LAST}
+    (out / "tokenizer.json").write_text(json.dumps(tok, indent=2) + "\n")
+    return out
+
+
+def load_native(path: str | Path) -> tuple[nn.Module, Any]:
+    """Load a native export: (TransformerPolicy in eval mode on CPU, CharTokenizer)."""
+    from safetensors.torch import load_file
+
+    from prorl_bench.config import HFImpl
+    from prorl_bench.model import TransformerPolicy
+    from prorl_bench.tokenizers import CharTokenizer
+
+    p = Path(path)
+    meta = json.loads((p / "config.json").read_text())
+    if meta.get("format") != NATIVE_FORMAT:
+        raise ConfigError(f"{p / 'config.json'}: format {meta.get('format')!r} is not {NATIVE_FORMAT!r}")
+    md = dict(meta["model"])
+    md["kind"], md["impl"] = ModelKind(md["kind"]), HFImpl(md["impl"])
+    policy = TransformerPolicy(ModelConfig(**md), int(meta["vocab_size"]))
+    policy.load_state_dict(load_file(str(p / "model.safetensors")))
+    return policy.eval(), CharTokenizer()
+
+
+def export_policy(policy: nn.Module, cfg: Config, tok: Any, out: str | Path) -> Path:
+    """Export an in-memory policy (any device) to ``out`` in the format for ``cfg.model.kind``."""
+    if cfg.model.kind == ModelKind.hf_causal_lm:
+        return export_hf(policy, cfg, out)
+    return export_native(policy, cfg, tok.vocab_size, out)
+
+
+def export_run(run_dir: str | Path, out: str | Path) -> Path:
+    """Export ``run_dir``'s newest checkpoint to ``out`` (format per model.kind; see module doc)."""
+    policy, tok, cfg, _ = load_run(run_dir)
+    return export_policy(policy, cfg, tok, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="prorl-bench-export", description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir", help="a run directory with checkpoints/step_*.pt")
+    ap.add_argument("out", help="output directory")
+    ap.add_argument("--merged", action="store_true", help="merge LoRA adapters into the weights (always done now)")
+    args = ap.parse_args(argv)
+    try:
+        print(export_run(args.run_dir, args.out))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def load_any(path: str | Path) -> tuple[nn.Module, Any]:
+    """(policy, tokenizer) from a run directory, a native export or an HF export/checkpoint dir."""
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        policy, tok, _, _ = load_run(p)
+        return policy, tok
+    cfg_file = p / "config.json"
+    if cfg_file.is_file() and json.loads(cfg_file.read_text()).get("format") == NATIVE_FORMAT:
+        return load_native(p)
+    if cfg_file.is_file():
+        from prorl_bench.hf_model import load_policy, load_tokenizer
+
+        model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(p))
+        return load_policy(model, torch.device("cpu")).eval(), load_tokenizer(p)
+    raise ConfigError(f"{p}: neither a run directory (checkpoints/) nor an exported model (config.json)")
+
+
+@torch.no_grad()
+def sample(
+    policy: nn.Module, tok: Any, prompt: str, n: int, temperature: float, max_new_tokens: int, seed: int = 0
+) -> list[str]:
+    """``n`` completions of ``prompt`` (decoded, cut at EOS) with the bench's sampler;
+    ``temperature`` 0 means greedy. ``max_new_tokens`` is capped by the model's context."""
+    from prorl_bench.rollout import generate
+
+    ids, mask = tok.encode_prompts([prompt] * n)
+    limit = int(getattr(policy, "max_positions", 0) or getattr(getattr(policy, "cfg", None), "max_seq_len", 0))
+    if limit:
+        max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
+    if max_new_tokens < 1:
+        raise ConfigError(f"prompt of {ids.shape[1]} tokens leaves no room in the model's {limit}-token context")
+    gen = torch.Generator().manual_seed(seed)
+    greedy = temperature <= 0
+    r = generate(policy, tok, ids, mask, max_new_tokens, 1.0 if greedy else temperature, generator=gen, greedy=greedy)
+    return [tok.decode(row[r.prompt_len :].tolist()) for row in r.ids]
+
+
+def sample_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="prorl-bench-sample", description="Sample from a run's or an export's policy.")
+    ap.add_argument("path", help="a run directory (newest checkpoint) or an exported model directory")
+    ap.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+    ap.add_argument("--n", type=int, default=4, help="completions per prompt")
+    ap.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        policy, tok = load_any(args.path)
+        for prompt in args.prompt:
+            texts = sample(policy, tok, prompt, args.n, args.temperature, args.max_new_tokens, args.seed)
+            for i, text in enumerate(texts):
+                print(json.dumps({"prompt": prompt, "i": i, "completion": text}))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""LoRA adapters that can grow their rank (PEFT cannot: peft#825).
+
+``LoRALinear`` wraps an ``nn.Linear``: y = base(x) + scaling * x A^T B^T with A: (r, in),
+B: (out, r). B starts at zero, so attaching adapters does not change the policy's function.
+``scaling`` is fixed at attach time (alpha / initial rank) and is *not* recomputed when the rank
+grows — otherwise growth would rescale what the adapter already learned.
+
+Growth to rank r' > r appends r' - r rows to A (small random values) and r' - r zero columns to B,
+so B A and the policy's function are unchanged at the moment of growth. New tensors are new
+``nn.Parameter`` objects; ``growth.py`` migrates the optimizer state onto them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Weights that take part in a per-token matmul: every ``nn.Linear`` weight plus LoRA A and B.
+
+    Cached on the model (``flops_per_token`` asks on every forward pass); attaching or growing
+    adapters invalidates the cache.
+    """
+    n = model.__dict__.get("_matmul_params")
+    if n is None:
+        n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+        n += sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+        model.__dict__["_matmul_params"] = n
+    return n
+
+
+def _invalidate(model: nn.Module) -> None:
+    model.__dict__.pop("_matmul_params", None)
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, freeze_base: bool) -> None:
+        super().__init__()
+        self.base = base
+        self.scaling = alpha / rank
+        self.lora_A = nn.Parameter(self._init_rows(rank, base.in_features, base.weight))
+        self.lora_B = nn.Parameter(base.weight.new_zeros(base.out_features, rank))
+        # (A, B) to use instead of the parameters: the adapter reference's weights (see
+        # reference.AdapterReference), set only for the duration of a no-grad reference forward
+        self.override: tuple[torch.Tensor, torch.Tensor] | None = None
+        if freeze_base:
+            base.requires_grad_(False)
+
+    @staticmethod
+    def _init_rows(n: int, fan_in: int, like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        # Kaiming-uniform as in PEFT / the LoRA paper, bound 1/sqrt(fan_in)
+        bound = 1.0 / math.sqrt(fan_in)
+        rows = torch.empty(n, fan_in, dtype=like.dtype)
+        rows.uniform_(-bound, bound, generator=generator)
+        return rows.to(like.device)
+
+    @property
+    def rank(self) -> int:
+        return self.lora_A.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = (self.lora_A, self.lora_B) if self.override is None else self.override
+        return self.base(x) + self.scaling * ((x @ a.t()) @ b.t())
+
+    @torch.no_grad()
+    def grown(self, new_rank: int, generator: torch.Generator | None = None) -> tuple[nn.Parameter, nn.Parameter]:
+        """New (A, B) parameters of rank ``new_rank``: old slices copied by index, B's new columns 0."""
+        r = self.rank
+        if new_rank <= r:
+            raise ValueError(f"new rank {new_rank} must exceed the current rank {r}")
+        extra = self._init_rows(new_rank - r, self.lora_A.shape[1], self.lora_A, generator)
+        a = torch.cat([self.lora_A.detach(), extra], dim=0)
+        b = torch.cat([self.lora_B.detach(), self.lora_B.new_zeros(self.lora_B.shape[0], new_rank - r)], dim=1)
+        return nn.Parameter(a), nn.Parameter(b)
+
+
+@dataclass
+class GrownParam:
+    """One parameter replaced by growth: ``old`` occupies ``new[slices]``."""
+
+    old: nn.Parameter
+    new: nn.Parameter
+    slices: tuple[slice, ...]
+
+
+def attach_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, freeze_base: bool) -> int:
+    """Replace every ``nn.Linear`` whose attribute name is in ``targets`` by a LoRALinear.
+
+    Returns the number of wrapped layers; zero matches is an error (a typo in the target list).
+    With ``freeze_base`` every non-adapter parameter of the model is frozen.
+    """
+    return wrap_linears(model, targets, lambda base: LoRALinear(base, rank, alpha, freeze_base), freeze_base)
+
+
+def wrap_linears(model: nn.Module, targets: list[str], make, freeze_base: bool) -> int:
+    """Replace every ``nn.Linear`` whose attribute name is in ``targets`` by ``make(linear)`` (an
+    adapter layer whose parameters are named ``lora_*``); freeze everything else with ``freeze_base``.
+    Returns the number of wrapped layers; zero matches is an error (a typo in the target list)."""
+    wrapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if name in targets and isinstance(child, nn.Linear):
+                setattr(parent, name, make(child))
+                wrapped += 1
+    if wrapped == 0:
+        raise ValueError(f"adapter.targets={targets} matched no nn.Linear layer of {type(model).__name__}")
+    _invalidate(model)
+    if freeze_base:
+        for pname, p in model.named_parameters():
+            if "lora_" not in pname:
+                p.requires_grad_(False)
+    return wrapped
+
+
+def lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+
+
+def adapter_rank(model: nn.Module) -> int:
+    ranks = {m.rank for _, m in lora_layers(model)}
+    if len(ranks) != 1:
+        raise ValueError(f"adapters have inconsistent ranks {sorted(ranks)}")
+    return ranks.pop()
+
+
+def growth_generator(seed: int, layer_index: int) -> torch.Generator:
+    """The generator of the new A rows of adapter layer ``layer_index`` (shared by policy and reference)."""
+    return torch.Generator().manual_seed(seed * 100_003 + layer_index)
+
+
+def grow_rank(models: list[nn.Module], new_rank: int, seed: int) -> list[list[GrownParam]]:
+    """Grow every adapter of each model in ``models`` to ``new_rank`` with *identical* new rows.
+
+    The policy and its reference grow together (same new A rows, zero B columns), so the reference
+    keeps its function and stays shape-compatible with the policy for later resets.
+    Returns, per model, the replaced parameters with the slice of the new tensor the old one occupies.
+    """
+    views = [m for m in models if hasattr(m, "grow_adapters")]  # adapter references: no modules of their own
+    models = [m for m in models if not hasattr(m, "grow_adapters")]
+    for v in views:
+        v.grow_adapters(new_rank, seed)
+    layers = [lora_layers(m) for m in models]
+    names = [[n for n, _ in ls] for ls in layers]
+    if any(n != names[0] for n in names):
+        raise ValueError("models to grow together have different adapter layouts")
+    out: list[list[GrownParam]] = [[] for _ in models]
+    for li in range(len(layers[0])):
+        gen = growth_generator(seed, li)
+        state = gen.get_state()
+        for mi, ls in enumerate(layers):
+            layer = ls[li][1]
+            r = layer.rank
+            gen.set_state(state)  # same random rows for every model
+            a, b = layer.grown(new_rank, gen)
+            a.requires_grad_(layer.lora_A.requires_grad)
+            b.requires_grad_(layer.lora_B.requires_grad)
+            out[mi].append(GrownParam(layer.lora_A, a, (slice(0, r), slice(None))))
+            out[mi].append(GrownParam(layer.lora_B, b, (slice(None), slice(0, r))))
+            layer.lora_A, layer.lora_B = a, b
+    for m in models:
+        _invalidate(m)
+    return out

@@ -1,0 +1,164 @@
+"""A small decoder-only transformer policy with a preallocated KV cache.
+
+Sequences are left-padded prompts followed by the completion. Padding is handled with a key mask
+and position ids from the mask's cumulative sum, so a left-padded prompt sees the same positions
+as an unpadded one. Dropout is off by default (the A0 = A1 = A2 invariant needs determinism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from prorl_bench.config import ModelConfig
+from prorl_bench.lora import matmul_params
+
+
+@dataclass
+class KVCache:
+    """Per-layer key/value buffers of shape (B, H, T_max, Dh); ``length`` positions are filled."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    key_mask: torch.Tensor  # (B, T_max) bool: which cached positions are real tokens
+    length: int = 0
+
+    @classmethod
+    def allocate(
+        cls,
+        n_layers: int,
+        batch: int,
+        heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> KVCache:
+        """Zeroed buffers; under CUDA autocast they take the autocast dtype (what attention sees)."""
+        if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+        shape = (batch, heads, max_len, head_dim)
+        return cls(
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
+        )
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+        self.dropout = cfg.dropout
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        if cache is not None:
+            start = cache.length
+            cache.keys[layer][:, :, start : start + t] = k
+            cache.values[layer][:, :, start : start + t] = v
+            k = cache.keys[layer][:, :, : start + t]
+            v = cache.values[layer][:, :, : start + t]
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+        y = y.transpose(1, 2).reshape(b, t, d)
+        x = x + F.dropout(self.proj(y), p, self.training)
+        x = x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), p, self.training)
+        return x
+
+
+class TransformerPolicy(nn.Module):
+    """GPT-style policy. ``forward`` returns logits (B, T, vocab)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    # -- forward passes
+    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V), or only
+        the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt)."""
+        t = ids.shape[1]
+        pos = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+        causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+        # Every query may attend to itself, so left-pad rows never see an all-masked row (NaN).
+        eye = torch.eye(t, dtype=torch.bool, device=ids.device)
+        attn = (causal & key_mask[:, None, :]) | eye
+        x = self.tok_emb(ids) + self.pos_emb(pos)
+        for blk in self.blocks:
+            x = blk(x, attn[:, None])
+        if keep > 0:
+            x = x[:, -keep:]
+        return self.lm_head(self.ln_f(x))
+
+    def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
+        h = self.cfg.n_heads
+        dh = self.cfg.d_model // h
+        return KVCache.allocate(len(self.blocks), batch, h, max_len, dh, self.tok_emb.weight.dtype, device)
+
+    def forward_cached(
+        self, ids: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """Incremental forward: append ids (B, t) at cache.length. Returns logits (B, t, V)."""
+        b, t = ids.shape
+        start = cache.length
+        cache.key_mask[:, start : start + t] = key_mask
+        total = start + t
+        causal = torch.ones(t, total, dtype=torch.bool, device=ids.device).tril(diagonal=start)
+        self_pos = torch.zeros(t, total, dtype=torch.bool, device=ids.device)
+        self_pos[torch.arange(t), start + torch.arange(t)] = True
+        attn = (causal & cache.key_mask[:, None, :total]) | self_pos
+        x = self.tok_emb(ids) + self.pos_emb(pos)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, attn[:, None], cache=cache, layer=i)
+        cache.length = total
+        return self.lm_head(self.ln_f(x))
+
+    # -- accounting
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token (linear weights and LoRA A/B; not embeddings)."""
+        return matmul_params(self)
+
+    def flops_per_token(self, context: int) -> float:
+        """Forward FLOPs per token: 2 per matmul weight plus attention scores/values at ``context``."""
+        attn = 4 * self.cfg.n_layers * context * self.cfg.d_model
+        return 2.0 * self.matmul_params() + attn
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

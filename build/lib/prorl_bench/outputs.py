@@ -1,0 +1,93 @@
+"""Run-directory files: metrics.jsonl, events.jsonl, validation.jsonl, summary.json.
+
+Each JSONL row is written with a single ``write`` of a complete line and flushed, so a reader sees
+whole rows. Non-finite floats are written as null (JSON has no NaN). summary.json is replaced
+atomically (temp file, fsync, rename) so it is never half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+METRICS, EVENTS, VALIDATION, SUMMARY = "metrics.jsonl", "events.jsonl", "validation.jsonl", "summary.json"
+SAMPLES = "samples.jsonl"  # held-out prompts with every sampled completion, at each evaluation
+RESOLVED_CONFIG = "config_resolved.yaml"
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(_clean(summary), indent=2) + "\n")
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._files = {name: open(self.dir / name, "a") for name in (METRICS, EVENTS, VALIDATION, SAMPLES)}
+
+    def _write(self, name: str, row: dict[str, Any]) -> None:
+        f = self._files[name]
+        f.write(json.dumps(_clean(row)) + "\n")
+        f.flush()
+
+    def metrics(self, row: dict[str, Any]) -> None:
+        self._write(METRICS, row)
+
+    def event(self, step: int, event: str, reason: str, **details: Any) -> None:
+        self._write(EVENTS, {"step": step, "event": event, "reason": reason, **details})
+
+    def validation(self, row: dict[str, Any]) -> None:
+        self._write(VALIDATION, row)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._write(SAMPLES, {"step": step, **row})
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        write_summary(self.dir, summary)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a torn (incomplete) last line is dropped."""
+    rows = []
+    if not Path(path).exists():
+        return rows
+    lines = Path(path).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                warnings.warn(f"{path}: dropped a torn last line ({len(line)} chars): {line[:60]!r}", stacklevel=2)
+                break
+            raise ValueError(f"{path}, line {i + 1}: not valid JSON ({e.msg}): {line[:80]!r}") from e
+    return rows

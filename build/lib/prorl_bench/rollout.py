@@ -1,0 +1,162 @@
+"""Sampling with a KV cache, and teacher-forced log-probabilities of sampled tokens.
+
+Both paths see the same distribution: logits / temperature with the PAD and BOS tokens removed
+(``policy_logits``). ``logp_old``, ``logp_ref`` and ``logp_theta`` are therefore log-probabilities
+of the *sampling* distribution, as in verl. top-k only filters sampling (as in verl and TRL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from prorl_bench.guards import NonFiniteError
+from prorl_bench.tokenizers import CharTokenizer
+
+_NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
+
+
+@dataclass
+class Rollout:
+    """One batch of prompts with their sampled completions.
+
+    ids/key_mask: (B, P + L) prompt (left-padded) followed by completion (right-padded after EOS).
+    completion_mask: (B, L) float, 1 for generated tokens up to and including EOS.
+    """
+
+    ids: torch.Tensor
+    key_mask: torch.Tensor
+    prompt_len: int
+    completion_mask: torch.Tensor
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        return self.ids[:, self.prompt_len :]
+
+    def rows(self, idx: torch.Tensor) -> Rollout:
+        return Rollout(self.ids[idx], self.key_mask[idx], self.prompt_len, self.completion_mask[idx])
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+
+def policy_logits(logits: torch.Tensor, temperature: float, banned: tuple[int, ...]) -> torch.Tensor:
+    """The sampling distribution's logits: temperature-scaled, banned ids removed. Computed in fp32."""
+    logits = logits.float() / temperature
+    logits[..., list(banned)] = _NEG
+    return logits
+
+
+def _banned(tok: CharTokenizer) -> tuple[int, ...]:
+    return tuple(tok.banned_ids)
+
+
+@torch.no_grad()
+def generate(
+    policy: torch.nn.Module,
+    tok: CharTokenizer,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    greedy: bool = False,
+) -> Rollout:
+    """Sample completions with a KV cache; stop early once every row has emitted EOS.
+
+    ``tok`` is any tokenizer with PAD/EOS ids and ``banned_ids`` (CharTokenizer, HFTokenizer). The
+    completion mask is tracked from the done flags, not from ``!= PAD``, so a tokenizer whose PAD is
+    its EOS (HF models without a pad token) keeps the EOS token in the mask.
+    """
+    b, p = prompt_ids.shape
+    device = prompt_ids.device
+    cache = policy.new_cache(b, p + max_new_tokens, device)
+    pos = (prompt_mask.long().cumsum(-1) - 1).clamp_min(0)
+    logits = policy.forward_cached(prompt_ids, prompt_mask, pos, cache)[:, -1]
+    next_pos = prompt_mask.long().sum(-1, keepdim=True)
+    out = torch.full((b, max_new_tokens), tok.PAD, dtype=torch.long, device=device)
+    live = torch.zeros((b, max_new_tokens), dtype=torch.bool, device=device)  # token t is generated
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    ones = torch.ones(b, 1, dtype=torch.bool, device=device)
+    # On GPU, checking `done.all()` is a host sync: do it every few tokens only.
+    check_every = 1 if device.type == "cpu" else 8
+    banned = _banned(tok)
+    for t in range(max_new_tokens):
+        z = policy_logits(logits, temperature, banned)
+        if greedy:
+            nxt = z.argmax(-1)
+        else:
+            if top_k > 0:
+                kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]
+                z = z.masked_fill(z < kth, _NEG)
+            try:
+                nxt = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
+            except RuntimeError as e:  # torch: "probability tensor contains either inf, nan or element < 0"
+                if torch.isfinite(logits).all():
+                    raise
+                raise NonFiniteError(
+                    f"non-finite policy logits while sampling token {t} (the weights hold NaN/inf, or the "
+                    "temperature over/underflows): the run cannot continue"
+                ) from e
+        nxt = torch.where(done, torch.full_like(nxt, tok.PAD), nxt)
+        out[:, t] = nxt
+        live[:, t] = ~done
+        done |= nxt == tok.EOS
+        if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
+            out, live = out[:, : t + 1], live[:, : t + 1]
+            break
+        logits = policy.forward_cached(nxt[:, None], ones, next_pos, cache)[:, -1]
+        next_pos = next_pos + 1
+    completion_mask = live.float()
+    ids = torch.cat([prompt_ids, out], dim=1)
+    key_mask = torch.cat([prompt_mask, torch.ones_like(out, dtype=torch.bool)], dim=1)
+    return Rollout(ids=ids, key_mask=key_mask, prompt_len=p, completion_mask=completion_mask)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: Rollout,
+    temperature: float,
+    banned: tuple[int, ...],
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced log pi(token) of each completion token: (B, L); entropy (B, L) if asked.
+
+    The logprob is gathered as logit[y] - logsumexp(logits) so no (B, L, V) log-softmax is built.
+    """
+    # Only the L completion tokens are scored: the LM head runs on the last L + 1 positions only.
+    n = batch.ids.shape[1] - batch.prompt_len
+    logits = model(batch.ids, batch.key_mask, keep=n + 1)[:, :-1]
+    z = policy_logits(logits, temperature, banned)
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(z, dim=-1)
+        entropy = lse - (probs * z).sum(-1)
+    return logp, entropy
+
+
+@torch.no_grad()
+def chunked_logprobs(
+    model: torch.nn.Module,
+    batch: Rollout,
+    temperature: float,
+    banned: tuple[int, ...],
+    chunk: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """No-grad logprobs (B, L) computed ``chunk`` rows at a time (the minibatch size).
+
+    Chunking by the minibatch size makes every no-grad pass run on the same tensor shapes as the
+    update's forward, so the numbers agree bit for bit. ``out`` (optional) receives the result.
+    """
+    n = len(batch)
+    if out is None:
+        out = torch.empty(batch.completion_mask.shape, dtype=torch.float32, device=batch.ids.device)
+    for s in range(0, n, chunk):
+        idx = torch.arange(s, min(s + chunk, n), device=batch.ids.device)
+        out[s : s + len(idx)] = token_logprobs(model, batch.rows(idx), temperature, banned)[0]
+    return out

@@ -1,0 +1,108 @@
+"""Build a tiny LLaMA-architecture causal LM and a character-level WordPiece tokenizer, locally.
+
+Nothing is downloaded: the tokenizer is built from a vocabulary in code with the ``tokenizers``
+library, the model from a ``LlamaConfig`` with random weights. Tests and ``benchmarks/`` use it so
+that "the same Hugging Face model" means one directory on disk, loaded by every side.
+
+The vocabulary is every printable ASCII character as a word-initial piece plus ``##c`` continuation
+pieces, and the pre-tokenizer splits on whitespace only, so ``decode(encode(s)) == s`` for any
+single-spaced printable string (``"-4"`` is ``["-", "##4"]``, not ``["-", "4"]``).
+
+Requires the ``hf`` extra (``transformers``, ``tokenizers``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
+
+# A minimal chat template in the usual shape (role markers, generation prompt), for tests of
+# prompt_style=chat; real instruction-tuned checkpoints ship their own.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
+
+
+def char_wordpiece_tokenizer(with_pad: bool = True):
+    """A ``PreTrainedTokenizerFast`` over printable ASCII. ``with_pad=False`` mimics LLaMA-style
+    models that ship without a pad token (the bench must then pad with EOS)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(33, 127)]
+    vocab_list = list(SPECIALS) + chars + [f"##{c}" for c in chars]
+    vocab = {t: i for i, t in enumerate(vocab_list)}
+    core = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=1000))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    kw = dict(unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]")
+    if with_pad:
+        kw["pad_token"] = "[PAD]"
+    return PreTrainedTokenizerFast(tokenizer_object=core, **kw)
+
+
+def build_tiny_llama(
+    path: str | Path,
+    hidden_size: int = 128,
+    n_layers: int = 4,
+    n_heads: int = 4,
+    n_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    with_pad: bool = True,
+    seed: int = 0,
+    chat_template: bool = False,
+) -> Path:
+    """Save a randomly initialised ``LlamaForCausalLM`` + tokenizer to ``path``; return the path.
+
+    Defaults give ~0.85M parameters (hidden 128, 4 layers, MLP 344, vocab 192).
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = char_wordpiece_tokenizer(with_pad=with_pad)
+    if chat_template:
+        tok.chat_template = CHAT_TEMPLATE
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or int(hidden_size * 8 / 3 + 7) // 8 * 8,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads or n_heads,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+if __name__ == "__main__":  # python -m prorl_bench.tiny_hf OUT_DIR [--no-pad]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Save a tiny random LLaMA + char tokenizer (offline) to OUT_DIR.")
+    ap.add_argument("out")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--no-pad", action="store_true", help="ship no pad token (the bench then pads with EOS)")
+    ap.add_argument("--chat-template", action="store_true", help="give the tokenizer a minimal chat template")
+    args = ap.parse_args()
+    print(
+        build_tiny_llama(
+            args.out,
+            hidden_size=args.hidden,
+            n_layers=args.layers,
+            with_pad=not args.no_pad,
+            chat_template=args.chat_template,
+        )
+    )
