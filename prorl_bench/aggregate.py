@@ -661,9 +661,13 @@ class AggregateCallback(Callback):
         self.threshold, self.window, self.figures, self.baseline = threshold, window, figures, baseline
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from prorl_bench.guards import stop_sweep_on_signals
+
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        stop_sweep_on_signals(sweep_dir)  # SIGTERM/SIGINT stop the sweep cleanly, table included
         target = os.environ.get(SWEEP_DIR_FILE_ENV)
         if target:
-            Path(target).write_text(str(Path(config.hydra.sweep.dir).resolve()))
+            Path(target).write_text(str(sweep_dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         res = aggregate(

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import searchpath
 from prorl_bench.config import ConfigError, register_configs, to_config
-from prorl_bench.guards import Preempted
+from prorl_bench.guards import STOP_FILE, Preempted, SweepStopped, ignore_stop_signals_between_jobs
 from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
 from prorl_bench.rundir import RunDirBusy, has_previous_run
 
@@ -49,6 +49,14 @@ def run(cfg: DictConfig) -> float:
     multirun = hc.mode == RunMode.MULTIRUN
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
     had_run = has_previous_run(run_dir)  # its record must survive a refused start
+    stop_file = Path(hc.sweep.dir).resolve() / STOP_FILE if multirun else None
+    if stop_file is not None:
+        ignore_stop_signals_between_jobs()  # the sweep's STOP file stops this worker's jobs
+        if stop_file.exists():
+            why = "not started: the sweep was stopped before this job began; re-run the sweep to run it"
+            if not had_run:  # a directory Hydra has just made for this job: say why it stays empty
+                write_summary(run_dir, {"status": "preempted", "error": why, "steps_completed": 0})
+            raise SweepStopped(f"{run_dir}: {why}")
     try:
         conf = to_config(cfg)
         threads = conf.hardware.torch_threads or (1 if multirun else (os.cpu_count() or 1))
@@ -63,6 +71,7 @@ def run(cfg: DictConfig) -> float:
             threads=threads,
             progress=conf.progress and not multirun,
             resolved_config=OmegaConf.to_yaml(cfg, resolve=True),
+            stop_file=stop_file,
         )
     except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
         print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import signal
+import sys
+import threading
 import warnings
+from pathlib import Path
 from types import FrameType
 
 import torch
@@ -83,16 +86,29 @@ class NonFiniteGuard:
                     raise NonFiniteError(msg)
 
 
+STOP_FILE = "STOP"  # in a sweep directory: the sweep was told to stop (see stop_sweep_on_signals)
+
+
+class SweepStopped(RuntimeError):
+    """A job of a stopped sweep was not started (nothing was trained; re-run the sweep to run it)."""
+
+    def __reduce__(self):
+        return (type(self), self.args)
+
+
 class PreemptionFlag:
-    """Turns SIGTERM / SIGUSR1 (SLURM preemption) into a flag the trainer checks at step ends.
+    """Turns SIGTERM / SIGUSR1 (SLURM preemption) and SIGINT (Ctrl-C) into a flag the trainer checks
+    at step ends; a sweep's ``STOP`` file (``stop_file``) raises the same flag. A second SIGINT
+    aborts at once (KeyboardInterrupt), as a user pressing Ctrl-C twice expects.
 
     Handlers are only installed in the main thread, and restored by ``close()``.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, stop_file: Path | None = None) -> None:
         self.signum: int | None = None
+        self.stop_file = stop_file
         self._previous: dict[int, object] = {}
         for s in self.SIGNALS:
             try:
@@ -101,13 +117,64 @@ class PreemptionFlag:
                 pass
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is None:
+            self.signum = signum
+            print(
+                f"prorl-bench: {signal.Signals(signum).name} received: stopping after this step with a checkpoint"
+                + (" (Ctrl-C again to abort now)" if signum == signal.SIGINT else ""),
+                file=sys.stderr,
+                flush=True,
+            )
 
     @property
     def requested(self) -> bool:
+        if self.signum is None and self.stop_file is not None and self.stop_file.exists():
+            self.signum = signal.SIGTERM  # the sweep was stopped: same as being preempted
         return self.signum is not None
 
     def close(self) -> None:
         for s, h in self._previous.items():
             signal.signal(s, h)
         self._previous.clear()
+
+
+def stop_sweep_on_signals(sweep_dir: Path) -> None:
+    """In a multirun's main process: SIGTERM / SIGINT write ``sweep_dir/STOP`` instead of killing it.
+
+    Running jobs see the file at their next step end and stop as preempted (with a checkpoint);
+    jobs that have not started see it and do not start; the multirun then ends by itself, so the
+    launcher shuts its worker processes down (nothing is orphaned) and the table is still written.
+    A STOP file from an earlier, stopped attempt is removed: re-running resumes.
+    """
+    stop = Path(sweep_dir) / STOP_FILE
+    stop.unlink(missing_ok=True)
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if not stop.exists():
+            stop.parent.mkdir(parents=True, exist_ok=True)
+            stop.write_text(f"{signal.Signals(signum).name}\n")
+            print(
+                f"prorl-bench: {signal.Signals(signum).name} received: stopping the sweep (running jobs "
+                "checkpoint at their next step end; no new job starts)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(s, handle)
+        except ValueError:  # not the main thread
+            pass
+
+
+def ignore_stop_signals_between_jobs() -> None:
+    """In a sweep worker: SIGTERM / SIGINT outside a job are left to the sweep's STOP file.
+
+    A signal to the whole process group reaches the workers too; an idle worker that died of it
+    would break the process pool (and with it the checkpoints of the jobs still running)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)

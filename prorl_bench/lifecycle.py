@@ -98,8 +98,11 @@ class RunSession:
     ``wall()`` is the run's total wall time so far (earlier segments included).
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, state: RunState, progress: bool) -> None:
+    def __init__(
+        self, cfg: Config, run_dir: Path, state: RunState, progress: bool, stop_file: Path | None = None
+    ) -> None:
         self.cfg, self.run_dir, self.state = cfg, Path(run_dir), state
+        self._stop_file = stop_file
         self._progress = progress
         self._t0 = time.perf_counter()
         self.out: RunWriter | None = None
@@ -108,7 +111,7 @@ class RunSession:
 
     def __enter__(self) -> RunSession:
         self.out = open_writer(self.cfg, self.run_dir)  # JSONL files (+ TensorBoard / W&B when on)
-        self.preempt = PreemptionFlag()
+        self.preempt = PreemptionFlag(self._stop_file)
         if self._progress:
             from tqdm import tqdm
 

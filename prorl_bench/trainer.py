@@ -91,18 +91,23 @@ def train(
     threads: int = 1,
     progress: bool = False,
     resolved_config: str | None = None,
+    stop_file: Path | None = None,
 ) -> dict[str, Any]:
     """Run one experiment; write its files into ``run_dir``; return the summary dict.
 
     The run directory is locked for the whole run (a second process fails at once, nothing
     written). ``resolved_config`` (YAML text) is written only once the resume has been accepted, so
-    a refused resume leaves the existing run's record untouched.
+    a refused resume leaves the existing run's record untouched. ``stop_file``: a sweep's STOP file;
+    when it appears the run stops at the next step end as if preempted.
     """
     with RunDirLock(run_dir):
-        return _train(cfg, run_dir, cache_root, threads, progress, resolved_config)
+        return _train(cfg, run_dir, cache_root, threads, progress, resolved_config, stop_file)
 
 
-def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None):
+def _train(
+    cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None,
+    stop_file: Path | None,
+):  # fmt: skip
     device, autocast = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
     a, kl_cfg = cfg.algo, cfg.kl_estimator
@@ -139,7 +144,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     if resolved_config is not None:
         atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
 
-    with RunSession(cfg, run_dir, s, progress) as run:
+    with RunSession(cfg, run_dir, s, progress, stop_file) as run:
         out = run.out
         if ckpt is None:
             params = sum(p.numel() for p in policy.parameters())

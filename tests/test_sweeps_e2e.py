@@ -43,6 +43,7 @@ def failing_sweep(tmp_path_factory, sweep_cache):
     args = [
         "-m",
         "prorl_bench.sweep",
+        "--no-validate",  # B with k1 in the reward is invalid: here it must fail as a job, at run time
         "+sweep=ablation",
         "+arm=A1,A2,B",
         "kl_estimator=k1",
