@@ -7,6 +7,7 @@ validates its config, writes the resolved config, pins torch threads, trains, an
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -39,6 +40,23 @@ def failed_summary(error: BaseException) -> dict[str, Any]:
         "error": f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(error)),
     }
+
+
+class DiskFull(OSError):
+    """A write failed for lack of space (the message names the file)."""
+
+    def __reduce__(self):
+        return (type(self), self.args)
+
+
+def _record_failure(e: BaseException, run_dir: Path, had_run: bool) -> BaseException:
+    """Write a failed summary for ``e`` — except where that would overwrite someone else's record: a
+    directory held by another process, or an existing run whose resume was refused (config error)."""
+    refused = isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run)
+    if not refused:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_summary(run_dir, failed_summary(e))
+    return e
 
 
 def run(cfg: DictConfig) -> float:
@@ -74,17 +92,27 @@ def run(cfg: DictConfig) -> float:
             stop_file=stop_file,
         )
     except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
+        if e.stage is not None and not had_run:  # before training: nothing was written yet, say why
+            write_summary(run_dir, {"status": "preempted", "error": str(e), "steps_completed": 0})
         print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)
         if multirun:
             raise  # a job error, not a process exit: the other jobs of the sweep go on
         raise SystemExit(EXIT_PREEMPTED) from None
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise _record_failure(e, run_dir, had_run) from None
+        # a full disk: one clear message naming the file, a failed summary if it still fits
+        msg = f"disk full: could not write {e.filename or run_dir} ({e.strerror}); free space and re-run to resume"
+        try:
+            write_summary(run_dir, {"status": "failed", "error": f"DiskFull: {msg}", "traceback": ""})
+        except OSError:
+            pass
+        print(f"prorl-bench: {msg}", file=sys.stderr)
+        if multirun:
+            raise DiskFull(msg) from None
+        raise SystemExit(1) from None
     except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
-        # ...except where that would overwrite someone else's record: a directory held by another
-        # process, or an existing run whose resume was refused (config error) — nothing is written
-        refused = isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run)
-        if not refused:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_summary(run_dir, failed_summary(e))
+        _record_failure(e, run_dir, had_run)
         if isinstance(e, ConfigError) and not multirun:
             print(f"prorl-bench: config error: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -30,6 +30,7 @@ from filelock import FileLock, Timeout
 from prorl_bench.checkpoint import CorruptFileError, load_verified, save_verified
 from prorl_bench.config import Config
 from prorl_bench.evaluation import evaluate
+from prorl_bench.guards import Preempted
 from prorl_bench.model import TransformerPolicy
 from prorl_bench.rollout import Rollout, token_logprobs
 from prorl_bench.tasks import Problem, Task
@@ -43,6 +44,7 @@ class WarmupFailed(RuntimeError):
 
 
 PolicyFactory = Callable[[], torch.nn.Module]
+StopCheck = Callable[[], 'int | None']  # the signal that asked the run to stop, or None
 
 
 def base_key(cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -91,12 +93,19 @@ def native_factory(cfg: Config, tok: CharTokenizer) -> PolicyFactory:
 
 
 def train_base(
-    cfg: Config, task: Task, tok: CharTokenizer, device: torch.device, make_policy: PolicyFactory | None = None
+    cfg: Config,
+    task: Task,
+    tok: CharTokenizer,
+    device: torch.device,
+    make_policy: PolicyFactory | None = None,
+    stop: StopCheck | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Teacher-forced warm-up until sampled success >= target. Raises WarmupFailed otherwise.
 
     ``make_policy`` builds the starting policy (default: a fresh native one; an HF model loads its
-    pretrained weights). ``tok`` is any tokenizer with the CharTokenizer interface.
+    pretrained weights). ``tok`` is any tokenizer with the CharTokenizer interface. ``stop()``
+    returns a signal number when the run was told to stop: the warm-up then raises Preempted
+    (nothing is cached; a re-run trains the same base again).
     """
     w = cfg.warmup
     torch.manual_seed(w.seed)
@@ -108,6 +117,8 @@ def train_base(
     banned = tuple(tok.banned_ids)
     success = 0.0
     for step in range(1, w.max_steps + 1):
+        if stop is not None and (signum := stop()) is not None:
+            raise Preempted(0, signum, stage="warm-up")
         batch = teacher_batch(tok, task.sample_train(rng, w.batch_size), device)
         logp, _ = token_logprobs(policy, batch, 1.0, banned)
         loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
@@ -161,6 +172,7 @@ def load_or_train_base(
     cache_root: Path,
     make_policy: PolicyFactory | None = None,
     extra_key: dict[str, Any] | None = None,
+    stop: StopCheck | None = None,
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Return the base policy (trained once per key, then loaded) and its warm-up info."""
     make_policy = make_policy or native_factory(cfg, tok)
@@ -184,7 +196,7 @@ def load_or_train_base(
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                state, info = train_base(cfg, task, tok, device, make_policy)
+                state, info = train_base(cfg, task, tok, device, make_policy, stop)
             finally:
                 torch.set_num_threads(threads)
             blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg, extra_key))}

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 import re
 import warnings
 from pathlib import Path
@@ -26,7 +25,17 @@ from typing import Any
 import torch
 
 from prorl_bench.config import Config, ConfigError
-from prorl_bench.outputs import EVENTS, METRICS, SAMPLES, SUMMARY, VALIDATION, _clean, atomic_write_text, read_jsonl
+from prorl_bench.outputs import (
+    EVENTS,
+    METRICS,
+    SAMPLES,
+    SUMMARY,
+    VALIDATION,
+    _clean,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_jsonl,
+)
 
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"step_(\d{8})\.pt$")
@@ -82,12 +91,7 @@ def save_verified(path: Path, obj: Any) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
     data = buf.getvalue()
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data)
     atomic_write_text(_digest_path(path), hashlib.sha256(data).hexdigest() + "\n")
 
 

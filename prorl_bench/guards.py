@@ -19,18 +19,23 @@ class NonFiniteError(FloatingPointError):
 
 
 class Preempted(RuntimeError):
-    """A preemption signal arrived; a checkpoint was written at the end of ``step``."""
+    """A preemption signal arrived: at the end of ``step`` (a checkpoint was written), or before
+    training began (``stage``: "warm-up" or "setup"; nothing to checkpoint)."""
 
-    def __init__(self, step: int, signum: int) -> None:
-        super().__init__(f"preempted by {signal.Signals(signum).name} after step {step}; checkpoint written")
-        self.step = step
-        self.signum = signum
+    def __init__(self, step: int, signum: int, stage: str | None = None) -> None:
+        name = signal.Signals(signum).name
+        if stage is None:
+            msg = f"preempted by {name} after step {step}; checkpoint written"
+        else:
+            msg = f"preempted by {name} during the {stage}, before step 1; nothing to checkpoint"
+        super().__init__(msg)
+        self.step, self.signum, self.stage = step, signum, stage
 
     def __reduce__(self):
         # joblib/loky send a job's exception to the parent by pickling it; the default reduce passes
-        # only the message to __init__, which takes two arguments — the parent then got
+        # only the message to __init__, which takes more arguments — the parent then got
         # BrokenProcessPool and the rest of the sweep died with it.
-        return (type(self), (self.step, self.signum))
+        return (type(self), (self.step, self.signum, self.stage))
 
 
 class NonFiniteGuard:
@@ -122,11 +127,16 @@ class PreemptionFlag:
         if self.signum is None:
             self.signum = signum
             print(
-                f"prorl-bench: {signal.Signals(signum).name} received: stopping after this step with a checkpoint"
+                f"prorl-bench: {signal.Signals(signum).name} received: stopping at the next step end "
+                "(with a checkpoint once training has begun)"
                 + (" (Ctrl-C again to abort now)" if signum == signal.SIGINT else ""),
                 file=sys.stderr,
                 flush=True,
             )
+
+    def stop_signal(self) -> int | None:
+        """The signal that asked to stop (a STOP file counts as SIGTERM), or None."""
+        return self.signum if self.requested else None
 
     @property
     def requested(self) -> bool:

@@ -4,9 +4,10 @@
   the metric history — with one ``state_dict`` / ``load_state_dict`` pair, so saving and resuming
   cannot drift apart.
 * ``RunSession`` is a context manager that owns the side effects of a running run: the output
-  writers, the preemption signal handlers and the progress bar. Whatever happens inside (a finished
-  run, a preemption, an exception), leaving it closes the writers and restores the signal handlers
-  (try/finally) — a sweep worker that ran a failed job keeps no stale handler or open file.
+  writers and the progress bar, and it reports preemptions. Whatever happens inside (a finished
+  run, a preemption, an exception), leaving it closes them (try/finally). The preemption signal
+  handlers are installed earlier, for the whole of ``trainer.train`` (warm-up included), and
+  restored when it returns — a sweep worker that ran a failed job keeps no stale handler or file.
 """
 
 from __future__ import annotations
@@ -98,20 +99,16 @@ class RunSession:
     ``wall()`` is the run's total wall time so far (earlier segments included).
     """
 
-    def __init__(
-        self, cfg: Config, run_dir: Path, state: RunState, progress: bool, stop_file: Path | None = None
-    ) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, state: RunState, progress: bool, preempt: PreemptionFlag) -> None:
         self.cfg, self.run_dir, self.state = cfg, Path(run_dir), state
-        self._stop_file = stop_file
+        self.preempt = preempt  # installed by the caller, before the warm-up; closed by it
         self._progress = progress
         self._t0 = time.perf_counter()
         self.out: RunWriter | None = None
-        self.preempt: PreemptionFlag | None = None
         self.bar = None
 
     def __enter__(self) -> RunSession:
         self.out = open_writer(self.cfg, self.run_dir)  # JSONL files (+ TensorBoard / W&B when on)
-        self.preempt = PreemptionFlag(self._stop_file)
         if self._progress:
             from tqdm import tqdm
 
@@ -123,8 +120,6 @@ class RunSession:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            if self.preempt is not None:
-                self.preempt.close()
             if self.bar is not None:
                 self.bar.close()
         finally:

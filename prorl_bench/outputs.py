@@ -29,13 +29,24 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``path`` through a temp file and a rename: readers see the old or the new file, never a
+    part. On failure (a full disk) the temp file is removed and the OSError names ``path``."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -50,8 +61,11 @@ class RunWriter:
 
     def _write(self, name: str, row: dict[str, Any]) -> None:
         f = self._files[name]
-        f.write(json.dumps(_clean(row)) + "\n")
-        f.flush()
+        try:
+            f.write(json.dumps(_clean(row)) + "\n")
+            f.flush()
+        except OSError as e:  # name the file (a write on an open file reports none)
+            raise OSError(e.errno, e.strerror, str(self.dir / name)) from None
 
     def metrics(self, row: dict[str, Any]) -> None:
         self._write(METRICS, row)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from prorl_bench.config import (
 )
 from prorl_bench.evaluation import completions, score, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
-from prorl_bench.guards import NonFiniteGuard
+from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
 from prorl_bench.kl_control import KLController
 from prorl_bench.lifecycle import RunSession, RunState
@@ -100,13 +100,15 @@ def train(
     a refused resume leaves the existing run's record untouched. ``stop_file``: a sweep's STOP file;
     when it appears the run stops at the next step end as if preempted.
     """
-    with RunDirLock(run_dir):
-        return _train(cfg, run_dir, cache_root, threads, progress, resolved_config, stop_file)
+    # Signals are caught from the start: a SIGTERM during the warm-up or the setup stops the run
+    # cleanly too (Preempted, nothing half-written), not only one during training.
+    with RunDirLock(run_dir), closing(PreemptionFlag(stop_file)) as preempt:
+        return _train(cfg, run_dir, cache_root, threads, progress, resolved_config, preempt)
 
 
 def _train(
     cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None,
-    stop_file: Path | None,
+    preempt: PreemptionFlag,
 ):  # fmt: skip
     device, autocast = setup_hardware(cfg, threads)
     seed_everything(cfg.seed)
@@ -118,7 +120,7 @@ def _train(
     mb_size = batch_size // a.minibatches
 
     # -- the base policy (cached warm-up; an HF model as loaded), its reference and everything resumable
-    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root)
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
     s = _initial_state(cfg, policy, task, banned, device, mb_size)
     ref = s.ref
     base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
@@ -130,6 +132,8 @@ def _train(
     val_problems = task.val_set()
 
     # -- resume: continue from the newest checkpoint of this run directory, if there is one
+    if (signum := preempt.stop_signal()) is not None:
+        raise Preempted(0, signum, stage="setup")  # arrived while the model loaded: nothing trained yet
     ckpt = load_latest(run_dir, cfg)
     if ckpt is not None:
         s.load_state_dict(ckpt, lambda p: build_optimizer(p, a))
@@ -144,7 +148,7 @@ def _train(
     if resolved_config is not None:
         atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
 
-    with RunSession(cfg, run_dir, s, progress, stop_file) as run:
+    with RunSession(cfg, run_dir, s, progress, preempt) as run:
         out = run.out
         if ckpt is None:
             params = sum(p.numel() for p in policy.parameters())

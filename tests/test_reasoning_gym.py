@@ -24,6 +24,8 @@ from prorl_bench.evaluation import score  # noqa: E402
 from prorl_bench.tasks import CharTokenizer, make_task  # noqa: E402
 from prorl_bench.trainer import train  # noqa: E402
 
+from .conftest import make_config  # noqa: E402
+
 GENS = ["spell_backward", "basic_arithmetic", "number_sorting"]
 ARGS = {
     "spell_backward": {"min_word_len": 3, "max_word_len": 5},
@@ -111,3 +113,22 @@ def test_end_to_end_native_policy(tmp_path):
 def test_end_to_end_hf_tokenizer(tiny_hf_dir, tmp_path):
     cfg = _run_cfg(ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir)))
     assert train(cfg, tmp_path / "run", tmp_path / "c")["status"] == "completed"
+
+
+def test_choosing_another_generator_does_not_trip_over_the_default_arguments():
+    """The shipped YAML's per-generator defaults must not blame a key the user never set."""
+    cfg = make_config(["task=reasoning_gym", "task.reasoning_gym.generators=[basic_arithmetic]"])
+    task = make_task(cfg.task)
+    assert len(task.val_set()) == cfg.task.val_size
+
+
+def test_a_bad_generator_argument_names_the_key_the_user_set():
+    cfg = make_config(
+        [
+            "task=reasoning_gym",
+            "task.reasoning_gym.generators=[basic_arithmetic]",
+            "+task.reasoning_gym.generator_args.basic_arithmetic={min_terms: 9, max_terms: 1}",
+        ]
+    )
+    with pytest.raises(ConfigError, match=r"task.reasoning_gym.generator_args.basic_arithmetic=.*max_terms"):
+        make_task(cfg.task).val_set()

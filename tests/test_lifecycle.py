@@ -1,0 +1,115 @@
+"""Run lifecycle at its edges: a signal before training starts, Ctrl-C, and a full disk — each leaves
+one clear record (summary.json) and one clear message, never a half-written file counted as good."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import FAST
+
+EXIT_PREEMPTED = 75
+
+
+def _cli(tmp_path: Path, extra: list[str]) -> list[str]:
+    return [
+        "-m", "prorl_bench.app", f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+        "progress=false", *FAST, *extra,
+    ]  # fmt: skip
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _summary(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+def _wait(pred, timeout: float = 120) -> None:
+    t0 = time.time()
+    while not pred():
+        assert time.time() - t0 < timeout, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_warm_up_leaves_a_preempted_summary_and_no_cache(tmp_path):
+    cache = tmp_path / "cache"
+    # a warm-up that cannot finish soon: the signal arrives in the middle of it
+    args = _cli(tmp_path, [f"warmup.cache_dir={cache}", "warmup.target_success=1.0", "warmup.max_steps=100000"])
+    proc = _start(args, tmp_path)
+    time.sleep(6)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err[-2000:]
+    assert "Traceback" not in err and "during the warm-up" in err
+    summary = _summary(tmp_path)
+    assert summary["status"] == "preempted" and "during the warm-up, before step 1" in summary["error"]
+    assert summary["steps_completed"] == 0
+    assert not list(cache.glob("base-*.pt")), "a half-trained base must not be cached"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_is_a_preemption_with_a_checkpoint(tmp_path, base_cache):
+    args = _cli(tmp_path, [f"warmup.cache_dir={base_cache}", "steps=500", "eval_every=100"])
+    proc = _start(args, tmp_path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    _wait(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err[-2000:]
+    summary = _summary(tmp_path)
+    assert summary["status"] == "preempted", summary
+    done = summary["steps_completed"]
+    assert 2 <= done < 500 and (tmp_path / "run" / "checkpoints" / f"step_{done:08d}.pt").is_file()
+
+
+INJECT = """
+import builtins, errno, sys
+import prorl_bench.outputs as outputs
+
+class Full:
+    # a file on a disk that fills up: the first 100 bytes land, then ENOSPC
+    def __init__(self, f): self.f = f
+    def __enter__(self): return self
+    def __exit__(self, *a): self.f.close()
+    def write(self, data):
+        self.f.write(data[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+def open_(path, mode="r", *a, **k):
+    f = builtins.open(path, mode, *a, **k)
+    return Full(f) if "step_00000004" in str(path) and "w" in mode else f
+
+outputs.open = open_
+from prorl_bench.app import main
+sys.argv = ["prorl-bench", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_full_disk_is_one_clear_error_and_no_bad_checkpoint(tmp_path, base_cache):
+    args = _cli(tmp_path, [f"warmup.cache_dir={base_cache}", "steps=6", "checkpoint.every=2"])[2:]
+    proc = subprocess.run(
+        [sys.executable, "-c", INJECT, *args], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.count("disk full") == 1 and "Traceback" not in proc.stderr
+    assert "step_00000004.pt" in proc.stderr
+    summary = _summary(tmp_path)
+    assert summary["status"] == "failed" and summary["error"].startswith("DiskFull: disk full")
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step_00000002.pt", "step_00000002.pt.sha256"], ckpts  # the partial temp file is gone
