@@ -20,6 +20,7 @@ import math
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -189,6 +190,30 @@ class ReasoningGymConfig:
 
 
 @dataclass
+class CodeTaskConfig:
+    """``task=code``: Python functions checked by unit tests in the sandbox (prorl_bench/code_task.py)."""
+
+    path: str | None = None  # training problems (JSONL, schema in code_task.py); null = the shipped set
+    val_path: str | None = None  # held-out problems (ids disjoint from path's); null = the shipped set
+    prompt_style: PromptStyle = PromptStyle.chat  # chat: through the tokenizer's chat template; question: plain
+    max_completion_tokens: int = 256  # completion budget in tokens (TRL: max_completion_length)
+    timeout_s: float = 5.0  # wall-clock limit per program (its CPU limit is the same, rounded up), seconds
+    memory_mb: int = 512  # address-space limit per program, MiB
+    workers: int = 8  # programs run concurrently (sandbox processes)
+
+    def __post_init__(self) -> None:
+        _require(self.prompt_style != PromptStyle.compact, "task.code.prompt_style", "compact", "chat or question")
+        _require(self.max_completion_tokens >= 8, "task.code.max_completion_tokens", self.max_completion_tokens, ">= 8")
+        _require(0 < self.timeout_s <= 600, "task.code.timeout_s", self.timeout_s, "in (0, 600]")
+        _require(self.memory_mb >= 32, "task.code.memory_mb", self.memory_mb, ">= 32")
+        _require(self.workers >= 1, "task.code.workers", self.workers, ">= 1")
+        for key in ("path", "val_path"):
+            value = getattr(self, key)
+            _require(value is None or Path(value).expanduser().is_file(), f"task.code.{key}", value,
+                     "null (the shipped problems) or an existing JSONL file")  # fmt: skip
+
+
+@dataclass
 class TaskConfig:
     """A verifiable sequence task. Lengths count input symbols (digits or bits).
 
@@ -203,6 +228,7 @@ class TaskConfig:
     val_size: int = 128  # held-out problems used for validation
     val_fraction: float = 0.1  # share of the problem space reserved for validation
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
+    code: CodeTaskConfig = field(default_factory=CodeTaskConfig)  # task=code only
 
     def __post_init__(self) -> None:
         registry.TASKS.check(self.name)
@@ -727,6 +753,13 @@ class Config:
                 "compact or question with the native character-level policy (chat templates are an HF "
                 "tokenizer's: use model=hf_causal_lm)",
             )
+        _require(
+            not (self.task.name == "code" and self.model.kind == ModelKind.native),
+            "task",
+            "code",
+            "a task the model can write programs for: task=code needs model=hf_causal_lm (the character-level "
+            "policy has no programming vocabulary or context for it)",
+        )
         if self.model.kind != ModelKind.native:
             return  # an HF model's context length is checked against its own config when loaded
         max_prompt, max_completion = _task_lengths(self.task)

@@ -38,8 +38,19 @@ def completions(tok: CharTokenizer, batch: Rollout) -> list[str]:
 
 
 def score(task: Task, texts: Sequence[str], problems: Sequence[Problem]) -> tuple[list[float], list[bool]]:
+    rewards, success, _ = score_details(task, texts, problems)
+    return rewards, success
+
+
+def score_details(
+    task: Task, texts: Sequence[str], problems: Sequence[Problem]
+) -> tuple[list[float], list[bool], list[dict[str, Any]]]:
+    """Rewards, successes and per-sample details. A task that scores a whole batch at once (the code
+    task runs its programs in parallel sandboxes) provides ``score_many``; others score one by one."""
+    if hasattr(task, "score_many"):
+        return task.score_many(texts, problems)
     scored = [task.score(c, p) for c, p in zip(texts, problems)]
-    return [r for r, _ in scored], [s for _, s in scored]
+    return [r for r, _ in scored], [s for _, s in scored], [{} for _ in scored]
 
 
 @torch.no_grad()
@@ -109,7 +120,7 @@ def validate(
         _, ent = token_logprobs(policy, batch, temperature, banned, with_entropy=True)
         ent_sum += float((ent * batch.completion_mask).sum())
         ent_tokens += float(batch.completion_mask.sum())
-    rewards, success = score(task, texts, flat)
+    rewards, success, details = score_details(task, texts, flat)
     by_prompt = [success[i * n : (i + 1) * n] for i in range(len(problems))]
     texts_by_prompt = [texts[i * n : (i + 1) * n] for i in range(len(problems))]
 
@@ -145,7 +156,12 @@ def validate(
             "target": p.target,
             "difficulty": p.difficulty,
             "samples": [
-                {"completion": texts[i * n + j], "reward": rewards[i * n + j], "success": success[i * n + j]}
+                {
+                    "completion": texts[i * n + j],
+                    "reward": rewards[i * n + j],
+                    "success": success[i * n + j],
+                    **details[i * n + j],  # e.g. the code task's failure class
+                }
                 for j in range(n)
             ],
             "greedy": greedy[i],

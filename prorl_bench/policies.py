@@ -26,8 +26,10 @@ def build_tokenizer(cfg: Config):
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import load_tokenizer
 
-        rg = cfg.task.reasoning_gym
-        chat = cfg.task.name == "reasoning_gym" and rg.prompt_style == PromptStyle.chat
+        t = cfg.task
+        chat = (t.name == "reasoning_gym" and t.reasoning_gym.prompt_style == PromptStyle.chat) or (
+            t.name == "code" and t.code.prompt_style == PromptStyle.chat
+        )
         return load_tokenizer(cfg.model.path, chat=chat)
     return CharTokenizer()
 

@@ -96,6 +96,7 @@ BUILTIN_MODULES = (
     "prorl_bench.advantages",
     "prorl_bench.kl",
     "prorl_bench.tasks",
+    "prorl_bench.code_task",
     "prorl_bench.resets",
     "prorl_bench.opt_state",
     "prorl_bench.reference",

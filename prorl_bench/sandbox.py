@@ -165,7 +165,11 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
         rc = proc.returncode
         out_s = out[: limits.max_output_bytes].decode("utf-8", "replace")
         err_s = err[-4096:].decode("utf-8", "replace")
-        if timed_out or rc == -signal.SIGXCPU:
+        # the signal that ended the program: a negative return code, or — behind `unshare --fork`,
+        # which exits with 128 + the child's signal — a code above 128
+        wrapped = cmd[0].endswith("unshare")
+        sig = -rc if rc is not None and rc < 0 else (rc - 128 if wrapped and rc is not None and rc > 128 else None)
+        if timed_out or sig == signal.SIGXCPU:
             status = "timeout"
         elif rc == 0:
             status = "ok"
@@ -173,7 +177,7 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
             status = "syntax_error"
         elif rc == 93 or "MemoryError" in err_s:
             status = "memory"
-        elif rc is not None and rc < 0:
+        elif sig is not None:
             status = "killed"
         else:
             status = "exception"

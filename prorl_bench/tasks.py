@@ -124,7 +124,7 @@ def symbol_task(
     for ``n`` = task.max_len. ``task.name=name`` then selects it; nothing else is edited."""
 
     def deco(fn: Callable[[random.Random, int], tuple[str, str]]) -> Callable[[random.Random, int], tuple[str, str]]:
-        TASKS.add(name, lambda cfg: Task(cfg, tag, fn, prompt_len, completion_len))
+        TASKS.add(name, lambda cfg: Task(cfg, tag, fn, prompt_len, completion_len), symbols=True)
         return fn
 
     return deco

@@ -37,7 +37,7 @@ from prorl_bench.config import (
     KLPlacement,
     LossAgg,
 )
-from prorl_bench.evaluation import completions, score, validate
+from prorl_bench.evaluation import completions, score_details, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
@@ -184,7 +184,7 @@ def _train(
             # 2. reward: the task's verifier
             with acct.stage("reward"):
                 texts = completions(tok, batch)
-                reward_list, success_list = score(task, texts, problems)
+                reward_list, success_list, details = score_details(task, texts, problems)
                 rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
 
             # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
@@ -278,6 +278,8 @@ def _train(
             row["response_len"] = float(mask.sum(-1).mean())
             row["ds/kept_frac"] = len(rows) / len(batch)
             row["guard/skipped"] = s.guard.skipped
+            if hasattr(task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
+                row.update(task.step_metrics(details))
 
             # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
             # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a

@@ -22,7 +22,7 @@ def test_every_option_composes_and_validates(group, option, request):
     overrides = [f"{group}={option}"]
     if group == "model" and option == "hf_causal_lm":  # needs a local checkpoint (built, not downloaded)
         overrides.append(f"model.path={request.getfixturevalue('tiny_hf_dir')}")
-    if group == "task" and option == "gsm":  # chat prompts need an HF tokenizer (checked at config time)
+    if group == "task" and option in ("gsm", "code"):  # chat prompts need an HF tokenizer; code an HF model
         overrides += ["model=hf_causal_lm", f"model.path={request.getfixturevalue('tiny_hf_dir')}"]
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's

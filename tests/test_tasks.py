@@ -8,7 +8,7 @@ from prorl_bench.config import ConfigError, RewardKind, TaskConfig
 from prorl_bench.registry import TASKS
 from prorl_bench.tasks import CharTokenizer, make_task, partial_reward
 
-BUILTIN = [t for t in TASKS.names() if t != "reasoning_gym"]  # reasoning_gym: tests/test_reasoning_gym.py
+BUILTIN = [t for t in TASKS.names() if TASKS.meta(t).get("symbols")]  # the digit/bit tasks (symbol_task)
 
 
 @pytest.mark.parametrize("name", BUILTIN)
