@@ -69,7 +69,18 @@ METRICS: list[tuple[str, str, str]] = [
     ("ref_mb", "ref memory (MB)", "bytes the reference model holds (0 for B; a LoRA adapter reference: adapters)"),
     ("peak_rss_mb", "peak RSS (MB)", "peak resident memory of the run's process (ru_maxrss; CPU)"),
     ("wall_time_s", "wall (s)", "whole run wall time incl. warm-up load and validation, seconds"),
+    ("route_both_success", "success (both)", "gradient routing: held-out task success, both adapters, last eval"),
+    ("route_both_hack", "hack (both)", "gradient routing: held-out hack rate, both adapters, last eval"),
+    ("route_retain_success", "success (forget ablated)", "held-out task success with the forget adapter at 0"),
+    ("route_retain_hack", "hack (forget ablated)", "held-out hack rate with the forget adapter at 0"),
 ]
+# routing columns (printed and compared when a sweep has them): metric -> validation key
+ROUTE_METRICS = {
+    "route_both_success": "route/both/success",
+    "route_both_hack": "route/both/hack_rate",
+    "route_retain_success": "route/retain_only/success",
+    "route_retain_hack": "route/retain_only/hack_rate",
+}
 # Paired comparisons against the baseline group: (metric, heading) in table order.
 COMPARED = [
     ("success_final", "Δ success"),
@@ -121,6 +132,9 @@ def _validation_figures(v: pd.DataFrame, out: dict[str, float]) -> None:
         return
     if "val/success_sampled" in v.columns:
         out["val_success_final"] = float(v["val/success_sampled"].iloc[-1])
+    for metric, key in ROUTE_METRICS.items():
+        if key in v.columns:
+            out[metric] = float(v[key].iloc[-1])
     k = _largest_k(v)
     if k is None:
         return
@@ -308,7 +322,11 @@ def default_baseline(groups: Sequence[str]) -> str | None:
 
 
 def compare_groups(
-    sweep: Sweep, runs: pd.DataFrame, baseline: str | None, window: int = DEFAULT_WINDOW
+    sweep: Sweep,
+    runs: pd.DataFrame,
+    baseline: str | None,
+    window: int = DEFAULT_WINDOW,
+    compared: Sequence[tuple[str, str]] = COMPARED,
 ) -> pd.DataFrame:
     """Per (group != baseline) x metric of ``COMPARED`` (and the post-event windows relative to the
     same window of the paired baseline run): difference, CI, p, Holm-adjusted p (across the whole
@@ -342,7 +360,7 @@ def compare_groups(
             and len(base) == len(base_rows)
             and len({k[1] for k in members} | {k[1] for k in base}) == 1
         )
-        for metric, _ in COMPARED:
+        for metric, _ in compared:
             if paired:
                 c = stats.paired_comparison([members[k][metric] for k in shared], [base[k][metric] for k in shared])
             else:
@@ -453,11 +471,15 @@ def fmt_comparison(c: pd.Series) -> str:
 
 
 def comparison_markdown(
-    comparisons: pd.DataFrame, baseline: str | None, k: int | None, window: int = DEFAULT_WINDOW
+    comparisons: pd.DataFrame,
+    baseline: str | None,
+    k: int | None,
+    window: int = DEFAULT_WINDOW,
+    compared: Sequence[tuple[str, str]] = COMPARED,
 ) -> str:
     if comparisons.empty:
         return ""
-    heads = dict(COMPARED) | {
+    heads = dict(compared) | {
         "post_reward_vs_baseline": "Δ post-event reward",
         "post_success_vs_baseline": "Δ post-event success",
     }
@@ -517,6 +539,7 @@ def markdown_report(
     comparisons: pd.DataFrame | None = None,
     baseline: str | None = None,
     notes: Sequence[str] = (),
+    compared: Sequence[tuple[str, str]] = COMPARED,
 ) -> str:
     """The comparison table (mean ± 95% CI over completed seeds, with n), the paired differences
     against the baseline group, post-event diagnostics, and the list of all runs."""
@@ -544,7 +567,9 @@ def markdown_report(
         markdown_table(header, body),
         "",
         *[f"Note: {n}." for n in notes],
-        comparison_markdown(comparisons if comparisons is not None else pd.DataFrame(), baseline, k, window),
+        comparison_markdown(
+            comparisons if comparisons is not None else pd.DataFrame(), baseline, k, window, compared
+        ),
         event_markdown(groups, window),
         f"### Runs ({len(runs)} total, {n_bad} not completed)",
         "",
@@ -617,10 +642,13 @@ def aggregate(
         notes.append(f"baseline {baseline!r} (from the grid's config) is not a group here; using the default")
         baseline = None
     baseline = baseline or default_baseline(names)
-    comparisons = compare_groups(sweep, runs, baseline, window)
+    routed = [m for m in ROUTE_METRICS if m in runs and runs[m].notna().any()]
+    compared = COMPARED + [(m, "Δ " + dict((x, h) for x, h, _ in METRICS)[m]) for m in routed]
+    comparisons = compare_groups(sweep, runs, baseline, window, compared)
     md = markdown_report(
-        sweep, runs, groups, threshold, window, comparisons=comparisons, baseline=baseline, notes=notes
-    )
+        sweep, runs, groups, threshold, window, columns=PRINTED + routed, comparisons=comparisons,
+        baseline=baseline, notes=notes, compared=compared,
+    )  # fmt: skip
     out = Path(out_dir) if out_dir else sweep.sweep_dir / OUT_SUBDIR
     out.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out / "runs.csv", index=False)

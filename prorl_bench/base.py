@@ -74,9 +74,11 @@ def base_path(cfg: Config, cache_root: Path, extra: dict[str, Any] | None = None
 
 
 def teacher_batch(tok: CharTokenizer, problems: list[Problem], device: torch.device) -> Rollout:
-    """Prompt (left-padded) + target + EOS (right-padded), as a Rollout for token_logprobs."""
+    """Prompt (left-padded) + demonstration + EOS (right-padded), as a Rollout for token_logprobs.
+    The demonstration is the target, unless the problem carries its own ``demo`` (a task whose
+    supervised data shows a behaviour RL may then amplify: hack_task.py)."""
     ids, mask = tok.encode_prompts([p.prompt for p in problems])
-    targets = [tok.encode(p.target) + [tok.EOS] for p in problems]
+    targets = [tok.encode(getattr(p, "demo", None) or p.target) + [tok.EOS] for p in problems]
     width = max(len(t) for t in targets)
     comp = torch.full((len(problems), width), tok.PAD, dtype=torch.long)
     for row, t in enumerate(targets):
@@ -176,6 +178,8 @@ def load_or_train_base(
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Return the base policy (trained once per key, then loaded) and its warm-up info."""
     make_policy = make_policy or native_factory(cfg, tok)
+    if getattr(task, "base_fingerprint", None):  # what else shapes the warm-up data (hack_task's demos)
+        extra_key = {**(extra_key or {}), "task_data": task.base_fingerprint}
     path = base_path(cfg, cache_root, extra_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _base_lock(path):

@@ -94,6 +94,7 @@ class KLControlKind(str, Enum):
 class AdapterKind(str, Enum):
     none = "none"
     lora = "lora"
+    dual_lora = "dual_lora"  # retain + forget adapters for gradient routing (prorl_bench/dual_lora.py)
 
 
 class AdapterReferenceKind(str, Enum):
@@ -504,8 +505,10 @@ class KLControlConfig:
 class AdapterConfig:
     """LoRA adapters on the policy's linear layers named in ``targets`` (attribute names)."""
 
-    kind: AdapterKind = AdapterKind.none  # none | lora
+    kind: AdapterKind = AdapterKind.none  # none | lora | dual_lora
     rank: int = 4  # LoRA rank r (Hu et al. 2021)
+    retain_rank: int = 4  # dual_lora: rank of the retain adapter (learns from unlabelled samples only)
+    forget_rank: int = 4  # dual_lora: rank of the forget adapter (learns from every sample)
     alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
     # linear layers that get adapters (attribute names: qkv, proj, fc1, fc2 native; q_proj... HF)
     targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
@@ -523,8 +526,29 @@ class AdapterConfig:
             "copy or auto when adapter.freeze_base=false (the base trains, so the reference needs its own copy)",
         )
         _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
+        _require(self.retain_rank >= 1, "adapter.retain_rank", self.retain_rank, ">= 1")
+        _require(self.forget_rank >= 1, "adapter.forget_rank", self.forget_rank, ">= 1")
+        _require(
+            not (self.kind == AdapterKind.dual_lora and self.reference == AdapterReferenceKind.adapters),
+            "adapter.reference",
+            self.reference.value,
+            "copy or auto with adapter=dual_lora (its reference is a frozen copy of the policy)",
+        )
         _require(self.alpha > 0, "adapter.alpha", self.alpha, "> 0")
         _require(len(self.targets) > 0, "adapter.targets", self.targets, "a non-empty list of layer names")
+
+
+@dataclass
+class DetectorConfig:
+    """Gradient routing's detector (prorl_bench/detectors.py): labels each sampled completion as
+    showing the unwanted behaviour or not. Labelled samples train only the forget adapter."""
+
+    name: str = "none"  # a registered detector (registry.DETECTORS): none | pattern | reward_field
+    params: dict[str, Any] = field(default_factory=dict)  # the detector's parameters (checked by it)
+
+    def __post_init__(self) -> None:
+        registry.DETECTORS.check(self.name)
+        registry.DETECTORS[self.name].validate(self.params)
 
 
 @dataclass
@@ -678,6 +702,7 @@ class Config:
     kl_ctl: KLControlConfig = field(default_factory=KLControlConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     growth: GrowthConfig = field(default_factory=GrowthConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
@@ -744,6 +769,12 @@ class Config:
                 self.growth.grow_every,
                 "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
             )
+        _require(
+            self.detector.name == "none" or self.adapter.kind == AdapterKind.dual_lora,
+            "detector",
+            self.detector.name,
+            "'none' unless adapter=dual_lora (labels route gradients between the retain and forget adapters)",
+        )
         _warn_step_counter_hazard(self)
         if self.task.name == "reasoning_gym":
             _require(

@@ -209,6 +209,11 @@ def load_native(path: str | Path) -> tuple[nn.Module, Any]:
 
 def export_policy(policy: nn.Module, cfg: Config, tok: Any, out: str | Path) -> Path:
     """Export an in-memory policy (any device) to ``out`` in the format for ``cfg.model.kind``."""
+    if cfg.adapter.kind == AdapterKind.dual_lora:
+        raise ConfigError(
+            "invalid config value adapter=dual_lora for export: dual (retain/forget) adapters are not exported "
+            "yet; the run's checkpoints hold them (checkpoints/step_N.pt, keys lora_retain_* / lora_forget_*)"
+        )
     if cfg.model.kind == ModelKind.hf_causal_lm:
         return export_hf(policy, cfg, out)
     return export_native(policy, cfg, tok.vocab_size, out)

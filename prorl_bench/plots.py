@@ -125,6 +125,38 @@ def plot_passk(sweep: Sweep) -> plt.Figure | None:
     return fig
 
 
+def plot_routing(sweep: Sweep) -> plt.Figure | None:
+    """Gradient routing over training: held-out task success and hack rate per adapter mode (both,
+    retain_only = forget ablated, forget_only), one line per group and mode; band: 95% t-interval."""
+    rows = []
+    for run in sweep.runs:
+        v = run.validation
+        if v.empty or "step" not in v:
+            continue
+        for mode in ("both", "retain_only", "forget_only"):
+            for metric in ("success", "hack_rate"):
+                col = f"route/{mode}/{metric}"
+                if col in v.columns:
+                    for step, value in zip(v["step"], v[col]):
+                        rows.append({"group": group_label(sweep, run), "mode": mode, "metric": metric,
+                                     "step": step, "value": value})  # fmt: skip
+    data = pd.DataFrame(rows).dropna() if rows else pd.DataFrame()
+    if data.empty:
+        return None
+    groups = list(dict.fromkeys(data["group"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True, sharex=True)
+    for ax, metric, label in zip(axes, ("success", "hack_rate"), ("held-out task success", "held-out hack rate")):
+        sns.lineplot(
+            data=data[data["metric"] == metric], x="step", y="value", hue="group", hue_order=groups,
+            style="mode", style_order=["both", "retain_only", "forget_only"], palette=_palette(groups),
+            errorbar=t_interval, marker="o", ax=ax,
+        )  # fmt: skip
+        ax.set_ylabel(label)
+        ax.set_xlabel("RL step")
+    fig.suptitle("Gradient routing: adapter modes over training (retain_only = forget adapter ablated)", fontsize=10)
+    return fig
+
+
 def plot_difficulty(sweep: Sweep) -> plt.Figure | None:
     rows = []
     for run in sweep.runs:
@@ -313,6 +345,7 @@ def write_figures(
         "passk.png": plot_passk(sweep),
         "difficulty.png": plot_difficulty(sweep),
         "post_event.png": plot_post_event(sweep, baseline),
+        "routing.png": plot_routing(sweep),
     }
     paths = []
     for name, fig in figs.items():

@@ -48,7 +48,7 @@ def load_base_policy(
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import fingerprint, load_policy
 
-        targets = list(cfg.adapter.targets) if cfg.adapter.kind == AdapterKind.lora else []
+        targets = list(cfg.adapter.targets) if cfg.adapter.kind != AdapterKind.none else []
 
         def make() -> torch.nn.Module:
             return load_policy(cfg.model, torch.device("cpu"), targets)

@@ -90,6 +90,7 @@ TASKS: Registry[Callable[..., Any]] = Registry("task.name", "task")
 RESET_TRIGGERS: Registry[type] = Registry("reset.trigger", "reset trigger")
 OPT_TRANSFORMS: Registry[Callable[..., Any]] = Registry("opt_reset.kind", "optimizer-state transform")
 REFERENCES: Registry[type] = Registry("variant.reference", "reference strategy")
+DETECTORS: Registry[type] = Registry("detector.name", "detector")
 
 # Modules whose import registers the built-in options.
 BUILTIN_MODULES = (
@@ -100,6 +101,8 @@ BUILTIN_MODULES = (
     "prorl_bench.resets",
     "prorl_bench.opt_state",
     "prorl_bench.reference",
+    "prorl_bench.detectors",
+    "prorl_bench.hack_task",
 )
 _loaded = False
 

@@ -37,6 +37,8 @@ from prorl_bench.config import (
     KLPlacement,
     LossAgg,
 )
+from prorl_bench.detectors import build_detector
+from prorl_bench.dual_lora import attach_dual_lora, route_rows
 from prorl_bench.evaluation import completions, score_details, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
@@ -52,6 +54,8 @@ from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
 from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
+from prorl_bench.routing import labels as route_labels
+from prorl_bench.routing import route_eval, wants_route_eval
 from prorl_bench.rundir import RunDirLock
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.tasks import make_task
@@ -118,6 +122,7 @@ def _train(
     task = make_task(cfg.task)
     batch_size = a.prompts_per_step * a.group_size
     mb_size = batch_size // a.minibatches
+    detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
 
     # -- the base policy (cached warm-up; an HF model as loaded), its reference and everything resumable
     policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
@@ -158,7 +163,7 @@ def _train(
             out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
 
         def run_validation(step: int) -> dict[str, Any]:
-            return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows)
+            return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows, detector)
 
         if ckpt is None and cfg.eval.at_start:
             run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
@@ -186,6 +191,8 @@ def _train(
                 texts = completions(tok, batch)
                 reward_list, success_list, details = score_details(task, texts, problems)
                 rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
+                # gradient routing: labelled samples will train only the forget adapter
+                routed = None if detector is None else torch.tensor(route_labels(detector, problems, texts, details))
 
             # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
             with acct.stage("old_logprob"), autocast:
@@ -226,7 +233,8 @@ def _train(
                     for idx in perm.tensor_split(a.minibatches):
                         mb = batch.rows(idx)
                         mb_mask = mb.completion_mask
-                        logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
+                        with nullcontext() if routed is None else route_rows(policy, routed[idx.cpu()].to(device)):
+                            logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
                         _count_policy_forward(acct, policy, mb, backward=True)
                         with acct.stage("ref_logprob"):
                             logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
@@ -280,6 +288,8 @@ def _train(
             row["guard/skipped"] = s.guard.skipped
             if hasattr(task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
                 row.update(task.step_metrics(details))
+            if routed is not None:
+                row["route/labelled_frac"] = float(routed.float().mean())
 
             # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
             # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
@@ -339,15 +349,19 @@ def _train(
     return summary
 
 
-def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, val_rows) -> dict[str, Any]:
+def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, val_rows, detector) -> dict[str, Any]:
     """Validate on the held-out set with a generator of its own (training RNG untouched); log the row
-    and the samples."""
+    and the samples. Gradient-routing runs (and hack tasks) add ``route/<mode>/...`` (routing.py)."""
     vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
     e = cfg.eval
     v, samples = validate(
         policy, task, tok, val_problems, temperature=cfg.algo.temperature, banned=banned, generator=vgen,
         device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
     )  # fmt: skip
+    if wants_route_eval(task, cfg.adapter.kind.value):
+        rgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step + 500_000)
+        v.update(route_eval(policy, task, tok, val_problems, detector, temperature=cfg.algo.temperature,
+                            generator=rgen, device=device, chunk=e.batch))  # fmt: skip
     v = {"step": step, **v}
     out.validation(v)
     out.samples(step, samples)
@@ -369,9 +383,11 @@ def _initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: t
     schedules and triggers, and the three RNGs (prompts, token sampling, minibatch order)."""
     a = cfg.algo
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
-    if cfg.adapter.kind == AdapterKind.lora:
-        d = cfg.adapter
+    d = cfg.adapter
+    if d.kind == AdapterKind.lora:
         attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
+    elif d.kind == AdapterKind.dual_lora:  # gradient routing: retain + forget adapters
+        attach_dual_lora(policy, list(d.targets), d.retain_rank, d.forget_rank, d.alpha, d.freeze_base)
     policy.train()
     ref = build_reference(
         cfg.variant.reference, policy, temperature=a.temperature, banned=banned, chunk=mb_size,

@@ -28,6 +28,8 @@ def test_every_option_composes_and_validates(group, option, request):
         overrides.append("variant=C")  # resets are variant C's
     if group == "growth":
         overrides.append("adapter=lora")  # growth grows adapters
+    if group == "detector":
+        overrides.append("adapter=dual_lora")  # detectors route between the dual adapters
     if group == "hardware" and option == "cuda":
         cfg = make_config(overrides)  # validates without a GPU; the device is resolved at run time
         assert cfg.hardware.device.value == "cuda"

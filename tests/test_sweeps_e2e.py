@@ -183,3 +183,24 @@ def test_a_study_grid_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache):
     assert (comparisons["n"] == 2).all()
     assert comparisons["paired"].all()
     assert (sweep_dir / "aggregate" / "passk.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_the_routing_study_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache):
+    """+sweep=routing, 2 seeds x 2 arms x 6 steps: the table has the routing columns and pairs the
+    routed arm with the plain LoRA of equal rank; the routing figure is drawn."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "prorl_bench.sweep", "+sweep=routing", "seed=0,1"]
+    args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
+    args += ["eval.n_samples=4", "eval.ks=[1,4]"]
+    proc = _run(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "### Paired differences vs baseline `lora_equal`" in proc.stdout
+    assert "hack (forget ablated)" in proc.stdout and "success (both)" in proc.stdout
+    comparisons = pd.read_csv(sweep_dir / "aggregate" / "comparisons.csv")
+    routed = comparisons[comparisons["metric"] == "route_both_hack"]
+    assert list(routed["group"]) == ["routed"] and routed["paired"].all() and (routed["n"] == 2).all()
+    runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv").set_index("group")
+    assert runs.loc["lora_equal", "route_retain_hack"].isna().all()  # plain LoRA has no forget adapter
+    assert runs.loc["routed", "route_retain_hack"].notna().all()
+    assert (sweep_dir / "aggregate" / "routing.png").stat().st_size > 10_000
