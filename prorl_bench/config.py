@@ -359,6 +359,11 @@ class AlgoConfig:
     group_size: int = 8  # samples per prompt (TRL num_generations, verl rollout.n)
     temperature: float = 1.0  # sampling temperature; logprobs are of logits/temperature
     top_k: int = 0  # 0 = no top-k filtering
+    # nucleus sampling of the training rollouts (Holtzman et al. 2020; TRL/vLLM top_p); 1 = off. The
+    # loss's logprobs are of the full tempered distribution, as in TRL and verl (an off-policy bias < 1)
+    top_p: float = 1.0
+    # completion budget in tokens for every task (TRL max_completion_length); null = the task's own
+    max_new_tokens: int | None = None
     eps_low: float = 0.2  # PPO clip: ratio >= 1-eps_low (TRL epsilon, verl clip_ratio_low)
     eps_high: float = 0.28  # PPO clip: ratio <= 1+eps_high; > eps_low is DAPO clip-higher (Yu et al. 2025)
     ppo_epochs: int = 2  # passes over each rollout (TRL num_iterations, verl ppo_epochs)
@@ -395,6 +400,11 @@ class AlgoConfig:
         # logprobs (logits / T) overflow or underflow: temperature=1e-45 used to crash in sampling
         _require(1e-3 <= self.temperature <= 1e3, "algo.temperature", self.temperature, "in [0.001, 1000]")
         _require(self.top_k >= 0, "algo.top_k", self.top_k, ">= 0 (0 disables)")
+        _require(0.0 < self.top_p <= 1.0, "algo.top_p", self.top_p, "in (0, 1] (1 disables)")
+        _require(
+            self.max_new_tokens is None or self.max_new_tokens >= 1, "algo.max_new_tokens", self.max_new_tokens,
+            "null (the task's budget) or >= 1",
+        )  # fmt: skip
         _require(self.eps_low >= 0, "algo.eps_low", self.eps_low, ">= 0")
         _require(self.eps_low < 1, "algo.eps_low", self.eps_low, "< 1")
         _require(self.eps_high >= 0, "algo.eps_high", self.eps_high, ">= 0")
@@ -793,7 +803,7 @@ class Config:
         )
         if self.model.kind != ModelKind.native:
             return  # an HF model's context length is checked against its own config when loaded
-        max_prompt, max_completion = _task_lengths(self.task)
+        max_prompt, max_completion = _task_lengths(self.task, self.algo.max_new_tokens)
         _require(
             max_prompt + max_completion + 1 <= self.model.max_seq_len,
             "model.max_seq_len",
@@ -838,12 +848,12 @@ def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
             _require(math.isfinite(val), f"{prefix}{f.name}", val, "a finite number")
 
 
-def _task_lengths(task: TaskConfig) -> tuple[int, int]:
+def _task_lengths(task: TaskConfig, max_new_tokens: int | None = None) -> tuple[int, int]:
     # Imported lazily: tasks.py depends on this module.
     from prorl_bench.tasks import make_task
 
     t = make_task(task)
-    return t.max_prompt_len, t.max_completion_len
+    return t.max_prompt_len, max_new_tokens or t.max_completion_len
 
 
 def register_configs() -> None:
@@ -872,8 +882,10 @@ ALIASES = {
     "kl_loss_coef": "algo.beta",
     "beta": "algo.beta",
     "max_grad_norm": "algo.grad_clip",
-    "max_completion_length": "task.max_len (digit tasks) or task.reasoning_gym.max_completion_tokens",
-    "max_response_length": "task.max_len (digit tasks) or task.reasoning_gym.max_completion_tokens",
+    "max_completion_length": "algo.max_new_tokens",
+    "max_response_length": "algo.max_new_tokens",
+    "max_new_tokens": "algo.max_new_tokens",
+    "top_p": "algo.top_p",
     "per_device_train_batch_size": "algo.prompts_per_step and algo.minibatches (a count, not a size)",
     "ppo_mini_batch_size": "algo.minibatches (a count, not a size)",
     "train_batch_size": "algo.prompts_per_step",

@@ -53,6 +53,17 @@ def _banned(tok: CharTokenizer) -> tuple[int, ...]:
 
 
 @torch.no_grad()
+def nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering (Holtzman et al. 2020): keep the smallest set of tokens whose probability
+    reaches ``top_p`` (always the most likely one), mask the rest. z: (B, V) logits."""
+    sorted_z, order = torch.sort(z, dim=-1, descending=True)
+    probs = torch.softmax(sorted_z, -1)
+    before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+    drop_sorted = before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return z.masked_fill(drop, _NEG)
+
+
 def generate(
     policy: torch.nn.Module,
     tok: CharTokenizer,
@@ -63,6 +74,7 @@ def generate(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     greedy: bool = False,
+    top_p: float = 1.0,
 ) -> Rollout:
     """Sample completions with a KV cache; stop early once every row has emitted EOS.
 
@@ -91,6 +103,8 @@ def generate(
             if top_k > 0:
                 kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]
                 z = z.masked_fill(z < kth, _NEG)
+            if top_p < 1.0:
+                z = nucleus(z, top_p)
             try:
                 nxt = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
             except RuntimeError as e:  # torch: "probability tensor contains either inf, nan or element < 0"

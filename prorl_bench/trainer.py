@@ -120,6 +120,8 @@ def _train(
     tok = build_tokenizer(cfg)  # CharTokenizer, or the HF checkpoint's tokenizer
     banned = tuple(tok.banned_ids)
     task = make_task(cfg.task)
+    if a.max_new_tokens is not None:  # one completion budget for every task (TRL max_completion_length)
+        task.max_completion_len = a.max_new_tokens
     batch_size = a.prompts_per_step * a.group_size
     mb_size = batch_size // a.minibatches
     detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
@@ -180,7 +182,7 @@ def _train(
                 prompt_ids, prompt_mask = tok.encode_prompts([p.prompt for p in problems])
                 batch = generate(
                     policy, tok, prompt_ids.to(device), prompt_mask.to(device), task.max_completion_len,
-                    a.temperature, a.top_k, s.sample_gen,
+                    a.temperature, a.top_k, s.sample_gen, top_p=a.top_p,
                 )  # fmt: skip
                 mask = batch.completion_mask
                 n_gen = int(mask.sum())
