@@ -71,8 +71,9 @@ METRICS: list[tuple[str, str, str]] = [
     ("wall_time_s", "wall (s)", "whole run wall time incl. warm-up load and validation, seconds"),
     ("route_both_success", "success (both)", "gradient routing: held-out task success, both adapters, last eval"),
     ("route_both_hack", "hack (both)", "gradient routing: held-out hack rate, both adapters, last eval"),
-    ("route_retain_success", "success (forget ablated)", "held-out task success with the forget adapter at 0"),
-    ("route_retain_hack", "hack (forget ablated)", "held-out hack rate with the forget adapter at 0"),
+    ("route_retain_success", "success (forget ablated)", "held-out task success with the forget adapter at 0 "
+     "(a policy without one: as it is)"),  # fmt: skip
+    ("route_retain_hack", "hack (forget ablated)", "held-out hack rate, forget adapter at 0 (without one: as is)"),
 ]
 # routing columns (printed and compared when a sweep has them): metric -> validation key
 ROUTE_METRICS = {
@@ -133,6 +134,8 @@ def _validation_figures(v: pd.DataFrame, out: dict[str, float]) -> None:
     if "val/success_sampled" in v.columns:
         out["val_success_final"] = float(v["val/success_sampled"].iloc[-1])
     for metric, key in ROUTE_METRICS.items():
+        if key not in v.columns:  # no forget adapter (plain LoRA): the policy is its own ablation
+            key = key.replace("/retain_only/", "/both/")
         if key in v.columns:
             out[metric] = float(v[key].iloc[-1])
     k = _largest_k(v)

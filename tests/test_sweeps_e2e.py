@@ -201,6 +201,9 @@ def test_the_routing_study_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache
     routed = comparisons[comparisons["metric"] == "route_both_hack"]
     assert list(routed["group"]) == ["routed"] and routed["paired"].all() and (routed["n"] == 2).all()
     runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv").set_index("group")
-    assert runs.loc["lora_equal", "route_retain_hack"].isna().all()  # plain LoRA has no forget adapter
+    plain = runs.loc["lora_equal"]  # no forget adapter: the policy is its own ablation
+    assert (plain["route_retain_hack"] == plain["route_both_hack"]).all()
     assert runs.loc["routed", "route_retain_hack"].notna().all()
+    ablated = comparisons[comparisons["metric"] == "route_retain_hack"]
+    assert list(ablated["group"]) == ["routed"] and ablated["paired"].all()
     assert (sweep_dir / "aggregate" / "routing.png").stat().st_size > 10_000
