@@ -226,7 +226,7 @@ def load_policy(cfg: ModelConfig, device: torch.device, adapter_targets: Sequenc
         if hasattr(model.config, "attention_dropout"):
             model.config.attention_dropout = 0.0
     impl = cfg.impl
-    hf_names = sorted(set(adapter_targets) - FAST_NAMES)
+    hf_names = sorted(set(adapter_targets) - FAST_NAMES - {"all-linear"})  # all-linear exists on every path
     if impl == HFImpl.auto:
         impl = HFImpl.fast if _is_llama_family(model) and not hf_names else HFImpl.hf
     elif impl == HFImpl.fast and hf_names:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from prorl_bench.registry import ConfigError
+
 
 def matmul_params(model: nn.Module) -> int:
     """Weights that take part in a per-token matmul: every ``nn.Linear`` weight plus LoRA A and B.
@@ -96,18 +98,33 @@ def attach_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, f
     return wrap_linears(model, targets, lambda base: LoRALinear(base, rank, alpha, freeze_base), freeze_base)
 
 
+ALL_LINEAR = "all-linear"  # PEFT's name: every nn.Linear except the output head
+OUTPUT_HEADS = {"lm_head", "embed_out", "output"}  # the vocabulary projection: never adapted (as in PEFT)
+
+
 def wrap_linears(model: nn.Module, targets: list[str], make, freeze_base: bool) -> int:
-    """Replace every ``nn.Linear`` whose attribute name is in ``targets`` by ``make(linear)`` (an
-    adapter layer whose parameters are named ``lora_*``); freeze everything else with ``freeze_base``.
-    Returns the number of wrapped layers; zero matches is an error (a typo in the target list)."""
-    wrapped = 0
+    """Replace every ``nn.Linear`` whose attribute name is in ``targets`` (or every one but the
+    output head, for ``["all-linear"]``) by ``make(linear)`` (an adapter layer whose parameters are
+    named ``lora_*``); freeze everything else with ``freeze_base``. Returns the number of wrapped
+    layers; zero matches is an error naming what the targets did match (a typo, or layers that are
+    not ``nn.Linear``, such as GPT-2's ``Conv1D``)."""
+    every = list(targets) == [ALL_LINEAR]
+    wrapped, other = 0, set()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if name in targets and isinstance(child, nn.Linear):
+            if not (every and name not in OUTPUT_HEADS) and name not in targets:
+                continue
+            if isinstance(child, nn.Linear):
                 setattr(parent, name, make(child))
                 wrapped += 1
+            elif not every:
+                other.add(f"{name} ({type(child).__name__})")
     if wrapped == 0:
-        raise ValueError(f"adapter.targets={targets} matched no nn.Linear layer of {type(model).__name__}")
+        why = f"; matched only {sorted(other)}, which adapters do not support (nn.Linear only)" if other else ""
+        raise ConfigError(
+            f"invalid config value adapter.targets={list(targets)}: no nn.Linear layer of {type(model).__name__} "
+            f"has these names{why}"
+        )
     _invalidate(model)
     if freeze_base:
         for pname, p in model.named_parameters():

@@ -87,6 +87,47 @@ def build_tiny_llama(
     return path
 
 
+FAMILIES = ("llama", "qwen2", "gpt_neox", "gpt2")
+
+
+def build_tiny(family: str, path: str | Path, hidden_size: int = 32, n_layers: int = 2, n_heads: int = 4,
+               max_position_embeddings: int = 256, seed: int = 0) -> Path:  # fmt: skip
+    """A tiny random checkpoint of another architecture transformers ships (offline), with the same
+    character tokenizer: ``llama``, ``qwen2``, ``gpt_neox`` or ``gpt2``."""
+    import torch
+    import transformers as tf
+
+    if family == "llama":
+        return build_tiny_llama(path, hidden_size, n_layers, n_heads, max_position_embeddings=max_position_embeddings,
+                                seed=seed)  # fmt: skip
+    tok = char_wordpiece_tokenizer(with_pad=True)
+    ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+               eos_token_id=tok.eos_token_id, tie_word_embeddings=False)  # fmt: skip
+    if family == "qwen2":
+        cfg = tf.Qwen2Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=n_layers,
+                             num_attention_heads=n_heads, num_key_value_heads=n_heads // 2,
+                             max_position_embeddings=max_position_embeddings, **ids)  # fmt: skip
+        model = tf.Qwen2ForCausalLM
+    elif family == "gpt_neox":
+        cfg = tf.GPTNeoXConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=n_layers,
+                               num_attention_heads=n_heads, max_position_embeddings=max_position_embeddings,
+                               use_parallel_residual=True, **ids)  # fmt: skip
+        model = tf.GPTNeoXForCausalLM
+    elif family == "gpt2":
+        cfg = tf.GPT2Config(n_embd=hidden_size, n_layer=n_layers, n_head=n_heads,
+                            n_positions=max_position_embeddings, **ids)  # fmt: skip
+        model = tf.GPT2LMHeadModel
+    else:
+        raise ValueError(f"unknown family {family!r}: allowed {FAMILIES}")
+    torch.manual_seed(seed)
+    m = model(cfg)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    m.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 if __name__ == "__main__":  # python -m prorl_bench.tiny_hf OUT_DIR [--no-pad]
     import argparse
 

@@ -38,7 +38,7 @@ def _cli(run_dir, cache, *extra, timeout=300):
         ("+beta=0.5", "algo.beta"),
         ("+num_generations=4", "algo.group_size"),
         ("+algo.lrr=1", "algo.lr"),
-        ("+max_completion_length=64", "task.max_len"),
+        ("+max_completion_length=64", "algo.max_new_tokens"),
     ],
 )
 def test_unknown_keys_are_an_error_however_they_arrive(override, hint):

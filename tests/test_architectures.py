@@ -1,0 +1,93 @@
+"""Tiny random checkpoints of several architectures transformers ships (built offline): every one
+runs variant C with a reset and LoRA with rank growth on its own module names, resumes, and exports
+to a directory AutoModelForCausalLM reloads with equal logits — or fails with a clear message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from prorl_bench.config import ConfigError
+from prorl_bench.tiny_hf import build_tiny
+
+from .conftest import make_config, strip_timing
+
+pytest.importorskip("transformers")
+
+# each family's attention / MLP linear names as its HF module defines them
+TARGETS = {
+    "qwen2": "[q_proj,v_proj,down_proj]",
+    "gpt_neox": "[query_key_value,dense_4h_to_h]",
+    "llama": "[all-linear]",  # PEFT's name: every nn.Linear but the output head
+}
+COMMON = [
+    "model=hf_causal_lm", "variant=C", "reset=periodic", "reset.every=2", "adapter=lora", "growth=rank",
+    "growth.grow_every=2", "growth.max_rank=8", "algo.prompts_per_step=2", "algo.group_size=4",
+    "eval.n_samples=2", "eval.ks=[1,2]", "task.val_size=4", "eval_every=2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arch")
+    return {f: build_tiny(f, root / f) for f in ("qwen2", "gpt_neox", "gpt2", "llama")}
+
+
+def _rows(d):
+    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt_neox", "llama"])
+def test_family_runs_c_with_reset_and_lora_growth_resumes_and_exports(family, checkpoints, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from prorl_bench.export import export_run, load_run
+    from prorl_bench.trainer import train
+
+    over = [*COMMON, f"model.path={checkpoints[family]}", f"adapter.targets={TARGETS[family]}"]
+    full = train(make_config([*over, "steps=4"]), tmp_path / "full", tmp_path / "cache")
+    assert full["status"] == "completed" and full["resets"] == 2
+    events = [json.loads(x) for x in (tmp_path / "full" / "events.jsonl").read_text().splitlines()]
+    assert [e["new_rank"] for e in events if e["event"] == "growth"] == [6, 8]
+    train(make_config([*over, "steps=2"]), tmp_path / "part", tmp_path / "cache")
+    train(make_config([*over, "steps=4"]), tmp_path / "part", tmp_path / "cache")  # resumed and extended
+    assert strip_timing(_rows(tmp_path / "full")) == strip_timing(_rows(tmp_path / "part"))
+
+    out = export_run(tmp_path / "full", tmp_path / "export")
+    policy, tok, _, _ = load_run(tmp_path / "full")
+    ids = torch.tensor([tok.encode("R123=")])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        ours = policy.eval()(ids, mask) if not hasattr(policy, "hf") else policy.hf(input_ids=ids).logits
+        theirs = AutoModelForCausalLM.from_pretrained(out).eval()(input_ids=ids).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_gpt2_lora_fails_clearly_naming_its_conv1d_layers(checkpoints, tmp_path):
+    from prorl_bench.trainer import train
+
+    cfg = make_config([*COMMON, f"model.path={checkpoints['gpt2']}", "adapter.targets=[c_attn]", "steps=1"])
+    with pytest.raises(ConfigError, match=r"c_attn \(Conv1D\).*nn.Linear only"):
+        train(cfg, tmp_path / "run", tmp_path / "cache")
+
+
+def test_gpt2_runs_without_adapters(checkpoints, tmp_path):
+    from prorl_bench.trainer import train
+
+    over = [o for o in COMMON if not o.startswith(("adapter", "growth"))]
+    summary = train(make_config([*over, f"model.path={checkpoints['gpt2']}", "steps=2"]), tmp_path / "r", tmp_path)
+    assert summary["status"] == "completed" and summary["resets"] == 1
+
+
+def test_all_linear_wraps_every_linear_but_the_head():
+    from prorl_bench.lora import attach_lora, lora_layers
+    from prorl_bench.model import TransformerPolicy
+
+    cfg = make_config([])
+    policy = TransformerPolicy(cfg.model, 100)
+    attach_lora(policy, ["all-linear"], 2, 4.0, True)
+    names = sorted({n.rsplit(".", 1)[-1] for n, _ in lora_layers(policy)})
+    assert names == ["fc1", "fc2", "proj", "qkv"] and len(lora_layers(policy)) == 4 * cfg.model.n_layers
+    assert [n for n, p in policy.named_parameters() if p.requires_grad and "lora_" not in n] == []
