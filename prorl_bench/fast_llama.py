@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from prorl_bench.lora import matmul_params
-from prorl_bench.model import KVCache
+from prorl_bench.model import KVCache, positions
 
 SUPPORTED = {"llama", "mistral", "qwen2"}
 STATIC_ROPE = {"default", "linear", "llama3"}  # inv_freq fixed at load time
@@ -168,7 +168,7 @@ class FastLlamaPolicy(nn.Module):
         """Teacher-forced logits (B, T, V), or the last ``keep`` positions' (B, keep, V) if keep > 0;
         left padding is skipped by positions and the key mask."""
         t = ids.shape[1]
-        pos = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+        pos = positions(key_mask)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         eye = torch.eye(t, dtype=torch.bool, device=ids.device)  # pad rows attend to themselves: no NaN
         attn = ((causal & key_mask[:, None, :]) | eye)[:, None]

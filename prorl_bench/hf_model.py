@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from prorl_bench.config import ConfigError, HFImpl, ModelConfig
 from prorl_bench.lora import matmul_params
+from prorl_bench.model import positions
 
 
 def _require_transformers():
@@ -131,7 +132,7 @@ class HFCausalLMPolicy(nn.Module):
 
     @staticmethod
     def positions(key_mask: torch.Tensor) -> torch.Tensor:
-        return (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+        return positions(key_mask)
 
     def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """Teacher-forced logits (B, T, V), or the last ``keep`` positions' if keep > 0 (HF's
@@ -227,8 +228,12 @@ def load_policy(cfg: ModelConfig, device: torch.device, adapter_targets: Sequenc
             model.config.attention_dropout = 0.0
     impl = cfg.impl
     hf_names = sorted(set(adapter_targets) - FAST_NAMES - {"all-linear"})  # all-linear exists on every path
+    fused_names = sorted(set(adapter_targets) & FAST_NAMES)
     if impl == HFImpl.auto:
-        impl = HFImpl.fast if _is_llama_family(model) and not hf_names else HFImpl.hf
+        # HF's own forward, measured faster than the fast path on CPU in every comparison (270 vs 296,
+        # 293 vs 362 ms/step; docs/performance.md) and not yet measured on a GPU; the fast path only
+        # where the adapter targets name its fused layers (qkv, fc1, ...), which exist nowhere else
+        impl = HFImpl.fast if _is_llama_family(model) and fused_names and not hf_names else HFImpl.hf
     elif impl == HFImpl.fast and hf_names:
         raise ConfigError(
             f"invalid config value adapter.targets={list(adapter_targets)}: {hf_names} do not exist under "

@@ -17,6 +17,12 @@ from prorl_bench.config import ModelConfig
 from prorl_bench.lora import matmul_params
 
 
+def positions(key_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: 0 at each row's first real token, padding clamped to 0.
+    key_mask: (B, T) bool -> (B, T) long. One formula for every forward and the sampler."""
+    return (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
 @dataclass
 class KVCache:
     """Per-layer key/value buffers of shape (B, H, T_max, Dh); ``length`` positions are filled."""
@@ -114,7 +120,7 @@ class TransformerPolicy(nn.Module):
         """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V), or only
         the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt)."""
         t = ids.shape[1]
-        pos = (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+        pos = positions(key_mask)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         # Every query may attend to itself, so left-pad rows never see an all-masked row (NaN).
         eye = torch.eye(t, dtype=torch.bool, device=ids.device)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prorl_bench.guards import NonFiniteError
+from prorl_bench.model import positions
 from prorl_bench.tokenizers import CharTokenizer
 
 _NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
@@ -85,7 +86,7 @@ def generate(
     b, p = prompt_ids.shape
     device = prompt_ids.device
     cache = policy.new_cache(b, p + max_new_tokens, device)
-    pos = (prompt_mask.long().cumsum(-1) - 1).clamp_min(0)
+    pos = positions(prompt_mask)
     logits = policy.forward_cached(prompt_ids, prompt_mask, pos, cache)[:, -1]
     next_pos = prompt_mask.long().sum(-1, keepdim=True)
     out = torch.full((b, max_new_tokens), tok.PAD, dtype=torch.long, device=device)

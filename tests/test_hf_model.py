@@ -74,7 +74,7 @@ def test_tokenizer_without_pad_pads_with_eos_and_keeps_eos_in_mask(tiny_hf_dir):
     ids, mask = tok.encode_prompts(["a", "abc d"])
     assert ids[0, 0] == tok.PAD and not mask[0, 0] and ids[0, -2] == tok.BOS
     # A completion that ends in EOS keeps the EOS token in its mask even though PAD == EOS.
-    policy = load_policy(ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir)), torch.device("cpu"))
+    policy = _load(tiny_hf_dir, HFImpl.fast)  # the fast path exposes lm_head directly
     with torch.no_grad():
         policy.lm_head.weight.zero_()
         policy.lm_head.weight[tok.EOS] = 0.0
@@ -85,6 +85,16 @@ def test_tokenizer_without_pad_pads_with_eos_and_keeps_eos_in_mask(tiny_hf_dir):
         row = comp[r].tolist()
         n = row.index(tok.EOS) + 1 if tok.EOS in row else len(row)
         assert rollout.completion_mask[r].tolist() == [1.0] * n + [0.0] * (len(row) - n)
+
+
+def test_auto_impl_is_hf_unless_adapters_name_fused_layers(tiny_hf_dir):
+    """impl=auto: HF's forward (measured faster on CPU); the fast path only for its fused names."""
+    from prorl_bench.fast_llama import FastLlamaPolicy
+
+    cfg = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir))
+    assert isinstance(load_policy(cfg, torch.device("cpu")), HFCausalLMPolicy)
+    assert isinstance(load_policy(cfg, torch.device("cpu"), ["q_proj"]), HFCausalLMPolicy)
+    assert isinstance(load_policy(cfg, torch.device("cpu"), ["qkv", "fc1"]), FastLlamaPolicy)
 
 
 def test_auto_impl_falls_back_to_hf_forward_for_other_architectures(tmp_path):
