@@ -166,6 +166,72 @@ def export_hf(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(out)
+    if cfg.adapter.kind == AdapterKind.lora and cfg.adapter.freeze_base:
+        export_peft(policy, cfg, out / PEFT_DIR)  # the adapters alone, for PEFT users
+    return out
+
+
+PEFT_DIR = "peft_adapter"  # inside an HF export: the LoRA adapters alone, in PEFT's format
+# the fast path's fused layers -> the HF projections they hold, in order (rows of lora_B split alike)
+_FUSED = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "proj": ("self_attn", ("o_proj",)),
+          "fc1": ("mlp", ("gate_proj", "up_proj")), "fc2": ("mlp", ("down_proj",))}  # fmt: skip
+
+
+@torch.no_grad()
+def peft_adapter_state(policy: nn.Module) -> tuple[dict[str, torch.Tensor], list[str], int, float]:
+    """The LoRA adapters under PEFT's names: (state dict, target module names, rank, lora_alpha).
+
+    PEFT computes its scaling as lora_alpha / r; the bench keeps alpha / initial rank after growth,
+    so lora_alpha = scaling * current rank reproduces the policy exactly. A fused fast-path layer
+    becomes its HF projections, each with the shared A and its rows of B (the same function).
+    """
+    from prorl_bench.fast_llama import FastLlamaPolicy
+
+    fast = isinstance(policy, FastLlamaPolicy)
+    sd: dict[str, torch.Tensor] = {}
+    targets: set[str] = set()
+    ranks, scalings = set(), set()
+    for name, mod in lora_layers(policy):
+        a, b = mod.lora_A.detach().float().cpu(), mod.lora_B.detach().float().cpu()
+        ranks.add(a.shape[0])
+        scalings.add(mod.scaling)
+        if fast:
+            layer, leaf = name.split(".")[1], name.split(".")[-1]
+            block, hf_leaves = _FUSED[leaf]
+            sizes = {"qkv": [policy.h * policy.dh, policy.hkv * policy.dh, policy.hkv * policy.dh]}.get(leaf)
+            parts = torch.split(b, sizes) if sizes else b.chunk(len(hf_leaves))
+            for hf_leaf, b_part in zip(hf_leaves, parts):
+                key = f"base_model.model.model.layers.{layer}.{block}.{hf_leaf}"
+                sd[f"{key}.lora_A.weight"], sd[f"{key}.lora_B.weight"] = a.clone(), b_part.contiguous()
+                targets.add(hf_leaf)
+        else:
+            key = "base_model.model." + name.removeprefix("hf.")
+            sd[f"{key}.lora_A.weight"], sd[f"{key}.lora_B.weight"] = a.clone(), b.clone()
+            targets.add(name.rsplit(".", 1)[-1])
+    if len(ranks) != 1 or len(scalings) != 1:
+        raise ValueError(f"export: adapters with mixed ranks {sorted(ranks)} or scalings {sorted(scalings)}")
+    r = ranks.pop()
+    return sd, sorted(targets), r, scalings.pop() * r
+
+
+def export_peft(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
+    """Write the LoRA adapters as a PEFT directory (adapter_config.json + adapter_model.safetensors)
+    that ``peft.PeftModel.from_pretrained(base, out)`` loads onto ``model.path`` with the policy's
+    logits (tested). Only for a frozen base: otherwise the base changed and the adapters alone are
+    not the policy."""
+    from safetensors.torch import save_file
+
+    sd, targets, r, lora_alpha = peft_adapter_state(policy)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(out / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(cfg.model.path),
+        "r": r, "lora_alpha": lora_alpha, "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None, "use_rslora": False,
+        "use_dora": False, "init_lora_weights": True,
+    }  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
 

@@ -91,3 +91,39 @@ def test_all_linear_wraps_every_linear_but_the_head():
     names = sorted({n.rsplit(".", 1)[-1] for n, _ in lora_layers(policy)})
     assert names == ["fc1", "fc2", "proj", "qkv"] and len(lora_layers(policy)) == 4 * cfg.model.n_layers
     assert [n for n, p in policy.named_parameters() if p.requires_grad and "lora_" not in n] == []
+
+
+@pytest.mark.parametrize("targets", ["[q_proj,v_proj,down_proj]", "[qkv,proj,fc1,fc2]"], ids=["hf-names", "fused"])
+def test_peft_adapter_export_reloads_with_equal_logits_after_growth(targets, checkpoints, tmp_path):
+    """The PEFT directory loads onto the original checkpoint with the policy's logits — also after
+    rank growth (PEFT's lora_alpha / r must equal the bench's fixed alpha / r0) and for the fast
+    path's fused layers (split back into q/k/v and gate/up)."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from prorl_bench.export import PEFT_DIR, export_policy
+    from prorl_bench.hf_model import load_policy, load_tokenizer
+    from prorl_bench.lora import attach_lora, grow_rank, lora_layers
+
+    cfg = make_config([*COMMON, f"model.path={checkpoints['llama']}", f"adapter.targets={targets}"])
+    policy = load_policy(cfg.model, torch.device("cpu"), list(cfg.adapter.targets))
+    attach_lora(policy, list(cfg.adapter.targets), 4, 8.0, True)
+    grow_rank([policy], 6, seed=1)
+    torch.manual_seed(0)
+    with torch.no_grad():  # trained-looking adapters: B != 0
+        for _, layer in lora_layers(policy):
+            layer.lora_B.normal_(0, 0.05)
+    tok = load_tokenizer(checkpoints["llama"])
+    out = export_policy(policy.eval(), cfg, tok, tmp_path / "export")
+    conf = json.loads((out / PEFT_DIR / "adapter_config.json").read_text())
+    assert conf["r"] == 6 and conf["lora_alpha"] == pytest.approx(8.0 / 4 * 6)  # alpha / r0 kept
+    ids = torch.tensor([tok.encode("R123=")])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    base = AutoModelForCausalLM.from_pretrained(checkpoints["llama"]).eval()
+    with torch.no_grad():
+        before = base(input_ids=ids).logits  # PeftModel injects its layers into `base` in place
+        theirs = peft.PeftModel.from_pretrained(base, out / PEFT_DIR).eval()(input_ids=ids).logits
+        ours = policy(ids, mask)
+    ours = ours.logits if hasattr(ours, "logits") else ours
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+    assert (theirs - before).abs().max() > 1e-3  # the adapters change the function
