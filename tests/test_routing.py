@@ -162,3 +162,20 @@ def test_dual_adapters_are_not_exported_silently(tmp_path):
     cfg = make_config(["adapter=dual_lora"])
     with pytest.raises(ConfigError, match="dual_lora"):
         export_policy(None, cfg, None, tmp_path / "x")
+
+
+def test_dual_adapters_on_an_hf_model(tiny_hf_dir, tmp_path):
+    """adapter=dual_lora on a Hugging Face checkpoint (HF module names), routed by the pattern detector."""
+    from prorl_bench.trainer import train
+
+    cfg = make_config(
+        [
+            "model=hf_causal_lm", f"model.path={tiny_hf_dir}", "adapter=dual_lora", "adapter.targets=[q_proj,v_proj]",
+            "detector=hack_pattern", "task=hack_reverse", "steps=2", "eval_every=2", "algo.prompts_per_step=2",
+            "algo.group_size=4", "eval.n_samples=2", "eval.ks=[1,2]", "task.val_size=4",
+        ]
+    )  # fmt: skip
+    summary = train(cfg, tmp_path / "run", tmp_path / "cache")
+    assert summary["status"] == "completed"
+    val = _rows(tmp_path / "run" / "validation.jsonl")[-1]
+    assert {"route/both/success", "route/retain_only/hack_rate", "route/forget_only/pass@4"} <= set(val)
