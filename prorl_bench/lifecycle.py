@@ -126,6 +126,15 @@ class RunSession:
             if self.out is not None:
                 self.out.close()
 
+    def begin(self, ckpt: dict[str, Any] | None, objective: str, base: dict[str, Any]) -> None:
+        """The run's first event: ``start`` (fresh) or ``resume`` (from ``ckpt``)."""
+        if ckpt is None:
+            params = sum(p.numel() for p in self.state.policy.parameters())
+            self.out.event(0, "start", "run", variant=self.cfg.variant.name, objective=objective, base=base,
+                           params=params)  # fmt: skip
+        else:
+            self.out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+
     def wall(self) -> float:
         return self.state.wall_before + time.perf_counter() - self._t0
 

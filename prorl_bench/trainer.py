@@ -141,28 +141,13 @@ def _train(
     # -- resume: continue from the newest checkpoint of this run directory, if there is one
     if (signum := preempt.stop_signal()) is not None:
         raise Preempted(0, signum, stage="setup")  # arrived while the model loaded: nothing trained yet
-    ckpt = load_latest(run_dir, cfg)
-    if ckpt is not None:
-        s.load_state_dict(ckpt, lambda p: build_optimizer(p, a))
-        finished = finished_summary(run_dir, cfg.steps) if s.start > cfg.steps else None
-        if finished is not None:
-            return finished  # re-running a finished run: nothing to do, nothing rewritten
-    # every step exactly once: metrics and validation rows are rewritten from the checkpoint's history
-    # (rows lost or deleted after they were written come back); other logs are cut back to its step
-    truncate_logs(run_dir, s.start - 1 if ckpt is not None else -1)
-    if ckpt is not None:
-        rewrite_logs(run_dir, s.history, s.val_rows)
-    if resolved_config is not None:
-        atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
+    ckpt = _resume(cfg, run_dir, s, resolved_config)
+    if ckpt is not None and s.start > cfg.steps and (finished := finished_summary(run_dir, cfg.steps)):
+        return finished  # re-running a finished run: nothing to do, nothing rewritten
 
     with RunSession(cfg, run_dir, s, progress, preempt) as run:
         out = run.out
-        if ckpt is None:
-            params = sum(p.numel() for p in policy.parameters())
-            out.event(0, "start", "run", variant=cfg.variant.name, objective=ref.objective, base=base_info,
-                      params=params)  # fmt: skip
-        else:
-            out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+        run.begin(ckpt, objective=ref.objective, base=base_info)
 
         def run_validation(step: int) -> dict[str, Any]:
             return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows, detector)
@@ -272,22 +257,21 @@ def _train(
                             sums[key] = sums[key] + val.detach()
 
             s.guard.flush()
-            row: dict[str, Any] = {"step": step}
-            row["reward/mean"] = float(rewards.mean())
-            row["reward/std"] = float(rewards.std())
-            row["success_rate"] = sum(success_list) / len(success_list)
-            row.update({k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()})
-            row.update(_reference_kl(cfg, ref.exists, logp_old, ref_rows, mask, rows))
+            row: dict[str, Any] = {
+                "step": step, "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
+                "success_rate": sum(success_list) / len(success_list),
+                **{k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()},
+                **_reference_kl(cfg, ref.exists, logp_old, ref_rows, mask, rows),
+            }  # fmt: skip
             # KL to the initial base: the reference itself until a reset moves it (A0/A1/A2 never reset);
             # after C's first reset it is measured at regular validation steps; B keeps no second model
             reference_is_base = ref.exists and not any(r["reset"] for r in s.history)
-            row["kl/base"] = row["kl/ref"] if reference_is_base else float("nan")
-            row["kl/beta"] = beta
-            row["lr"] = s.optimizer.param_groups[0]["lr"]
-            row["update_norm"] = _update_norm(params_before, policy)
-            row["response_len"] = float(mask.sum(-1).mean())
-            row["ds/kept_frac"] = len(rows) / len(batch)
-            row["guard/skipped"] = s.guard.skipped
+            row |= {
+                "kl/base": row["kl/ref"] if reference_is_base else float("nan"), "kl/beta": beta,
+                "lr": s.optimizer.param_groups[0]["lr"], "update_norm": _update_norm(params_before, policy),
+                "response_len": float(mask.sum(-1).mean()), "ds/kept_frac": len(rows) / len(batch),
+                "guard/skipped": s.guard.skipped,
+            }  # fmt: skip
             if hasattr(task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
                 row.update(task.step_metrics(details))
             if routed is not None:
@@ -375,6 +359,25 @@ def _export(policy, cfg: Config, tok, run_dir: Path) -> str:
     from prorl_bench.export import export_policy  # transformers / safetensors only when exporting
 
     return str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))
+
+
+def _resume(cfg: Config, run_dir: Path, s: RunState, resolved_config: str | None) -> dict[str, Any] | None:
+    """Continue from the newest checkpoint of ``run_dir``, if any (returned); put the logs in step
+    with the state. Every step appears exactly once: metrics and validation rows are rewritten from
+    the checkpoint's history (rows lost after they were written come back); other logs are cut back
+    to its step. ``config_resolved.yaml`` is written only now, once the resume was accepted. A
+    finished run is left untouched (the caller returns its summary)."""
+    ckpt = load_latest(run_dir, cfg)
+    if ckpt is not None:
+        s.load_state_dict(ckpt, lambda p: build_optimizer(p, cfg.algo))
+        if s.start > cfg.steps and finished_summary(run_dir, cfg.steps) is not None:
+            return ckpt
+    truncate_logs(run_dir, s.start - 1 if ckpt is not None else -1)
+    if ckpt is not None:
+        rewrite_logs(run_dir, s.history, s.val_rows)
+    if resolved_config is not None:
+        atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
+    return ckpt
 
 
 UPDATE_KEYS = ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
