@@ -73,7 +73,8 @@ def main() -> None:
     from prorl_bench.tiny_hf import build_tiny_llama
 
     with tempfile.TemporaryDirectory() as d:
-        model = build_tiny_llama(Path(d) / "m", hidden_size=args.hidden, n_layers=args.layers, n_heads=12)
+        heads = max(1, args.hidden // 64)
+        model = build_tiny_llama(Path(d) / "m", hidden_size=args.hidden, n_layers=args.layers, n_heads=heads)
         size_mb = sum(f.stat().st_size for f in model.glob("*.safetensors")) / 2**20
         print(f"model: hidden {args.hidden}, {args.layers} layers, weights {size_mb:.0f} MB on disk")
         rows = []

@@ -2,11 +2,15 @@
 
     python benchmarks/bench_vs_trl.py                 # builds the model, runs every side, prints the table
     python benchmarks/bench_vs_trl.py --threads 2 --steps 6 --warmup-steps 2 --repeats 2
+    python benchmarks/bench_vs_trl.py --device cuda --size 0.5b --repeats 3   # a GPU, a ~0.5B model, bf16
 
 Sides (each a fresh ``python benchmarks/bench_vs_trl.py --side NAME`` process, run one after another
 on this machine with the same torch thread count):
 
-* ``trl``          TRL ``GRPOTrainer`` on the model directory (needs the ``bench`` extra: trl)
+* ``trl``          TRL ``GRPOTrainer`` on the model directory (needs the ``bench`` extra: trl), gradient
+                   checkpointing off (identical work to prorl-bench's)
+* ``trl_gc``       the same with TRL's default ``gradient_checkpointing=True`` (an extra forward in the
+                   update: not identical work; not in the default ``--sides``)
 * ``prorl_hf``     prorl-bench, ``model=hf_causal_lm`` on the same directory, HF module forward
 * ``prorl_fast``   prorl-bench, same directory, the fast LLaMA forward (``model.impl=fast``, the default)
 * ``prorl_native`` prorl-bench's native policy with (about) the same parameter count
@@ -19,6 +23,15 @@ Identical on every side: model weights (one ``save_pretrained`` directory, built
 samples/s = completions generated *and trained on* per second of wall time, measured between the
 ends of consecutive RL steps (TRL: every 4th optimizer step, one generation batch), after
 ``--warmup-steps`` untimed steps.
+
+``--device cuda`` runs both tools with bf16 autocast over fp32 master weights (TRL ``bf16=True``,
+prorl-bench ``hardware.dtype=bf16``), TF32 on, and TRL's gradient checkpointing off (its default is on;
+prorl-bench does not checkpoint, so the work stays identical). Step ends are taken after
+``torch.cuda.synchronize()``. MFU is against a measured bf16 matmul peak (8192^3) on CUDA.
+``--size`` picks the model: ``tiny`` (~0.84M, hidden 128 x 4 layers) or ``0.5b`` (hidden 1280 x 24
+layers, 20 heads, MLP 3456: ~0.47B; the native side d_model 1280 x 24 layers, ~0.47B). The
+vocabulary is the 192-token character vocabulary on every size, so a real 150k-token LM head's cost
+is not in these numbers.
 """
 
 from __future__ import annotations
@@ -35,6 +48,11 @@ import time
 from pathlib import Path
 
 PROMPTS, GROUP, COMPLETION, EPOCHS, MINIBATCHES = 8, 8, 7, 2, 2
+# --size: LLaMA shape (hidden, layers, heads, MLP) of the HF model and the native policy's (d_model, layers, heads)
+SIZES = {
+    "tiny": {"hf": (128, 4, 4, None), "native": (128, 4, 4)},
+    "0.5b": {"hf": (1280, 24, 20, 3456), "native": (1280, 24, 20)},
+}
 BETA, LR, EPS_LOW, EPS_HIGH, TEMPERATURE = 0.01, 1e-3, 0.2, 0.28, 1.0
 DIGITS = COMPLETION - 1  # the reversed digits + EOS fill the completion budget
 
@@ -48,7 +66,92 @@ def reward_text(completion: str, prompt: str) -> float:
 # --------------------------------------------------------------------------- sides
 
 
-def run_trl(model_dir: str, steps: int, warm: int, threads: int) -> dict:
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bf16_peak() -> float:
+    """Measured bf16 matmul FLOP/s of this GPU: the median of 10 timed 8192^3 products on random data."""
+    import torch
+
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()  # the 3 x 128 MiB of this measurement are not the run's memory
+    return 2.0 * n**3 / statistics.median(times)
+
+
+class GpuBusy:
+    """``--profile``: how much of the timed steps' wall time the GPU spends running kernels.
+
+    ``torch.profiler`` runs from the end of the last untimed step to the end of the last but one timed;
+    the sum of CUDA kernel times (one stream, so no overlap) over the wall time is the GPU's busy
+    fraction. Far below 1 means the step waits on the host (Python, kernel launches), not the GPU.
+    """
+
+    def __init__(self, enabled: bool, warm: int, steps: int) -> None:
+        # the last timed step is left out when there are others: prorl-bench's ends with the final evaluation
+        self.enabled, self.start_at, self.stop_at = enabled, warm, warm + max(1, steps - 1)
+        self.prof = None
+        self.result: dict = {}
+
+    def on_step_end(self, n_ended: int) -> None:
+        import torch
+
+        if not self.enabled:
+            return
+        if n_ended == self.start_at:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.start()
+            self.t0 = time.perf_counter()
+        elif n_ended == self.stop_at and self.prof is not None:
+            wall = time.perf_counter() - self.t0
+            self.prof.stop()
+            events = self.prof.key_averages()
+            kernels = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)
+            busy = sum(e.self_device_time_total for e in events) / 1e6
+            self.result = {
+                "gpu_busy_s": busy,
+                "profiled_wall_s": wall,
+                "gpu_busy_fraction": busy / wall,
+                "kernel_launches": sum(e.count for e in events if e.self_device_time_total > 0),
+                "top_kernels": [(e.key[:60], e.self_device_time_total / 1e3) for e in kernels[:6]],
+            }
+
+
+def _cuda_mem(device: str) -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+
+
+def run_trl(
+    model_dir: str,
+    steps: int,
+    warm: int,
+    threads: int,
+    device: str = "cpu",
+    checkpointing: bool = False,
+    profile: bool = False,
+) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -65,8 +168,10 @@ def run_trl(model_dir: str, steps: int, warm: int, threads: int) -> dict:
     per_gen = MINIBATCHES * EPOCHS  # optimizer steps per generation batch
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=device == "cpu",
+        bf16=device == "cuda",
+        tf32=True if device == "cuda" else None,
+        gradient_checkpointing=checkpointing,  # TRL's default is True; prorl-bench does not checkpoint
         per_device_train_batch_size=PROMPTS * GROUP // MINIBATCHES,
         steps_per_generation=MINIBATCHES,
         gradient_accumulation_steps=1,
@@ -96,21 +201,32 @@ def run_trl(model_dir: str, steps: int, warm: int, threads: int) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
     ends: list[float] = []
+    busy = GpuBusy(profile, warm, steps)
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step % per_gen == 0:
+                _sync(device)
                 ends.append(time.perf_counter())
+                busy.on_step_end(len(ends))
 
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[Clock()]
     )
     trainer.train()
     times = [b - a for a, b in zip(ends[warm - 1 :], ends[warm:])] if warm >= 1 else []
-    return {"side": "trl", "step_times": times, "params": sum(p.numel() for p in model.parameters())}
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        "side": "trl_gc" if checkpointing else "trl",
+        "step_times": times,
+        "params": params,
+        "cuda_max_allocated_mb": _cuda_mem(device),
+        **busy.result,
+    }
 
 
-def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | None) -> dict:
+def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | None, device: str = "cpu",
+              size: str = "tiny", profile: bool = False) -> dict:  # fmt: skip
     import torch
 
     from prorl_bench import outputs
@@ -118,6 +234,8 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     from prorl_bench.config import (
         AlgoConfig,
         Config,
+        Device,
+        DType,
         HardwareConfig,
         HFImpl,
         ModelConfig,
@@ -128,8 +246,10 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     from prorl_bench.trainer import train
 
     torch.set_num_threads(threads)
+    peak = bf16_peak() if device == "cuda" else measured_matmul_peak(torch.device("cpu"))
     if impl is None:
-        model = ModelConfig(kind=ModelKind.native, d_model=128, n_layers=4, n_heads=4, max_seq_len=32)
+        d, layers, heads = SIZES[size]["native"]
+        model = ModelConfig(kind=ModelKind.native, d_model=d, n_layers=layers, n_heads=heads, max_seq_len=32)
     else:
         model = ModelConfig(kind=ModelKind.hf_causal_lm, path=model_dir, impl=HFImpl(impl))
     cfg = Config(
@@ -146,7 +266,14 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
             eps_high=EPS_HIGH,
             temperature=TEMPERATURE,
         ),
-        hardware=HardwareConfig(torch_threads=threads, deterministic=False),
+        hardware=HardwareConfig(
+            device=Device(device),
+            dtype=DType.bf16 if device == "cuda" else DType.fp32,
+            tf32=device == "cuda",
+            torch_threads=threads,
+            deterministic=False,
+            peak_flops=peak,
+        ),
         warmup=WarmupConfig(enabled=False),
         steps=warm + steps,
         eval_every=10**6,
@@ -156,8 +283,12 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     rows: list[dict] = []
     original = outputs.RunWriter.metrics
 
+    busy = GpuBusy(profile, warm, steps)
+
     def clocked(self, row):  # the end of every RL step, after its metrics row is complete
+        _sync(device)
         ends.append(time.perf_counter())
+        busy.on_step_end(len(ends))
         rows.append(dict(row))
         return original(self, row)
 
@@ -175,19 +306,23 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         "flops_per_step": statistics.mean(r["perf/flops"] for r in timed),
         "stage_times": {s: statistics.mean(r[f"time/{s}"] for r in timed) for s in stages},
         "response_len": statistics.mean(r["response_len"] for r in timed),
-        "peak_flops": measured_matmul_peak(torch.device("cpu")),
+        "peak_flops": peak,
+        "cuda_max_allocated_mb": _cuda_mem(device),
+        **busy.result,
     }
 
 
 # --------------------------------------------------------------------------- orchestration
 
 
-def run_side(side: str, model_dir: str, steps: int, warm: int, threads: int) -> dict:
+def run_side(side: str, model_dir: str, steps: int, warm: int, threads: int, device: str, size: str,
+             profile: bool = False) -> dict:  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, __file__, "--side", side, "--model-dir", model_dir, "--steps", str(steps)]
-    cmd += ["--warmup-steps", str(warm), "--threads", str(threads), "--json", out]
+    cmd += ["--warmup-steps", str(warm), "--threads", str(threads), "--json", out, "--device", device, "--size", size]
+    cmd += ["--profile"] if profile else []
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -205,7 +340,7 @@ def count_params(model_dir: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--side", choices=["trl", "prorl_hf", "prorl_fast", "prorl_native"])
+    ap.add_argument("--side", choices=["trl", "trl_gc", "prorl_hf", "prorl_fast", "prorl_native"])
     ap.add_argument("--sides", default="trl,prorl_hf,prorl_fast,prorl_native")
     ap.add_argument("--model-dir", default=None, help="an HF model dir; default: build the tiny LLaMA")
     ap.add_argument("--steps", type=int, default=6, help="timed RL steps per side")
@@ -213,32 +348,60 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="run every side this many times, interleaved")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--results", default=None, help="write every side's raw results (JSON) here")
+    ap.add_argument("--profile", action="store_true", help="GPU busy fraction of the timed steps (torch.profiler)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size (see the module docstring)")
     a = ap.parse_args()
 
     if a.side:  # one side, in this process
-        if a.side == "trl":
-            res = run_trl(a.model_dir, a.steps, a.warmup_steps, a.threads)
+        if a.side in ("trl", "trl_gc"):
+            res = run_trl(
+                a.model_dir,
+                a.steps,
+                a.warmup_steps,
+                a.threads,
+                a.device,
+                checkpointing=a.side == "trl_gc",
+                profile=a.profile,
+            )
         else:
             impl = {"prorl_hf": "hf", "prorl_fast": "fast", "prorl_native": None}[a.side]
-            res = run_prorl(a.model_dir, a.steps, a.warmup_steps, a.threads, impl)
+            res = run_prorl(a.model_dir, a.steps, a.warmup_steps, a.threads, impl, a.device, a.size, a.profile)
         Path(a.json).write_text(json.dumps(res))
         return
 
     from prorl_bench.tiny_hf import build_tiny_llama
 
-    model_dir = a.model_dir or str(build_tiny_llama(tempfile.mkdtemp(prefix="tiny_llama_") + "/model"))
+    hidden, layers, heads, mlp = SIZES[a.size]["hf"]
+    model_dir = a.model_dir or str(
+        build_tiny_llama(
+            tempfile.mkdtemp(prefix="bench_llama_") + "/model",
+            hidden_size=hidden,
+            n_layers=layers,
+            n_heads=heads,
+            intermediate_size=mlp,
+        )  # fmt: skip
+    )
     print(
         f"model: {model_dir} ({count_params(model_dir) / 1e6:.3f}M params), threads={a.threads}, "
         f"{PROMPTS}x{GROUP} samples/step, <= {COMPLETION} completion tokens, {EPOCHS} epochs x {MINIBATCHES} "
-        f"minibatches, beta={BETA}, lr={LR}"
+        f"minibatches, beta={BETA}, lr={LR}, device={a.device}"
     )
     sides = a.sides.split(",")
     results: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(a.repeats):  # interleaved, so background load hits every side alike
         for s in sides:
-            r = run_side(s, model_dir, a.steps, a.warmup_steps, a.threads)
+            r = run_side(s, model_dir, a.steps, a.warmup_steps, a.threads, a.device, a.size, a.profile)
             results[s].append(r)
-            print(f"  [{rep}] {s:13s} median step {statistics.median(r['step_times']) * 1e3:8.1f} ms")
+            stages = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r.get("stage_times", {}).items())
+            print(f"  [{rep}] {s:13s} median step {statistics.median(r['step_times']) * 1e3:8.1f} ms  {stages}")
+            if "gpu_busy_fraction" in r:
+                busy, wall = r["gpu_busy_s"] * 1e3, r["profiled_wall_s"] * 1e3
+                print(f"      GPU busy {busy:.0f} ms of {wall:.0f} ms wall ({r['gpu_busy_fraction']:.1%}), "
+                      f"{r['kernel_launches']} kernels; top: {r['top_kernels'][:3]}")  # fmt: skip
+            if a.results:  # after every side, so a run stopped at a time limit keeps what it measured
+                Path(a.results).write_text(json.dumps(results, indent=1))
     report(results)
 
 
@@ -255,6 +418,10 @@ def report(results: dict[str, list[dict]]) -> None:
         ratio = f"{v / base:6.2f}x" if base else "   -"
         print(f"{s:14s} {v:10.1f} {batch / v * 1e3:9.1f}   {ratio}")
     for s in results:
+        meds = ", ".join(f"{statistics.median(r['step_times']) * 1e3:.1f}" for r in results[s])
+        mem = results[s][0].get("cuda_max_allocated_mb")
+        print(f"  {s}: per-repeat median ms/step {meds}" + (f"; CUDA max allocated {mem:.0f} MiB" if mem else ""))
+    for s in results:
         if not s.startswith("prorl"):
             continue
         best = min(results[s], key=lambda r: statistics.median(r["step_times"]))
@@ -266,6 +433,8 @@ def report(results: dict[str, list[dict]]) -> None:
             f"MFU {flops / step / peak:.1%}; FLOP floor {flops / peak * 1e3:.1f} ms/step "
             f"(step {step * 1e3:.1f} ms, mean completion {best['response_len']:.2f} tokens)"
         )
+        if best.get("cuda_max_allocated_mb"):
+            print(f"  CUDA max allocated {best['cuda_max_allocated_mb']:.0f} MiB")
         stage = best["stage_times"]
         print("  stage profile (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in stage.items()))
 

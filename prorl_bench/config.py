@@ -125,7 +125,7 @@ class ModelKind(str, Enum):
 
 
 class HFImpl(str, Enum):
-    auto = "auto"  # "hf" (measured faster on CPU); "fast" only when LoRA targets name its fused layers
+    auto = "auto"  # measured: "fast" on CUDA, "hf" on CPU; LoRA targets' names can force either (hf_model._auto_impl)
     hf = "hf"  # the transformers module's own forward (any architecture)
     fast = "fast"  # prorl_bench.fast_llama: same weights, fused forward without HF's per-call overhead
 

@@ -202,6 +202,19 @@ def _is_llama_family(model: nn.Module) -> bool:
 FAST_NAMES = frozenset({"qkv", "proj", "fc1", "fc2"})  # the fast path's (fused) linear layer names
 
 
+def _auto_impl(llama_family: bool, device: torch.device, fused_names: list[str], hf_names: list[str]) -> HFImpl:
+    """What ``model.impl=auto`` runs: whichever forward was measured faster on this device type
+    (docs/performance.md), within what the LoRA targets allow.
+
+    CUDA (H100, bf16): the fast path, 145 vs 194 ms/step at 0.84M parameters and 665-870 vs
+    767-1209 ms/step at 0.47B. CPU: HF's own forward (270 vs 296, 293 vs 362 ms/step). LoRA targets
+    under HF names (``q_proj``) exist only in HF's forward; the fused names (``qkv``, ``fc1``) only in
+    the fast path; non-LLaMA families have no fast path."""
+    if not llama_family or hf_names:
+        return HFImpl.hf
+    return HFImpl.fast if device.type == "cuda" or fused_names else HFImpl.hf
+
+
 def load_policy(cfg: ModelConfig, device: torch.device, adapter_targets: Sequence[str] = ()) -> nn.Module:
     """Load ``cfg.path`` in fp32 (bf16 is applied by autocast) and wrap it per ``cfg.impl``.
 
@@ -230,10 +243,7 @@ def load_policy(cfg: ModelConfig, device: torch.device, adapter_targets: Sequenc
     hf_names = sorted(set(adapter_targets) - FAST_NAMES - {"all-linear"})  # all-linear exists on every path
     fused_names = sorted(set(adapter_targets) & FAST_NAMES)
     if impl == HFImpl.auto:
-        # HF's own forward, measured faster than the fast path on CPU in every comparison (270 vs 296,
-        # 293 vs 362 ms/step; docs/performance.md) and not yet measured on a GPU; the fast path only
-        # where the adapter targets name its fused layers (qkv, fc1, ...), which exist nowhere else
-        impl = HFImpl.fast if _is_llama_family(model) and fused_names and not hf_names else HFImpl.hf
+        impl = _auto_impl(_is_llama_family(model), device, fused_names, hf_names)
     elif impl == HFImpl.fast and hf_names:
         raise ConfigError(
             f"invalid config value adapter.targets={list(adapter_targets)}: {hf_names} do not exist under "

@@ -54,3 +54,21 @@ def test_lora_growth_resume_and_export_on_cuda(tiny_hf_dir, tmp_path):
         ours = policy.hf(input_ids=ids).logits
         theirs = AutoModelForCausalLM.from_pretrained(out).eval()(input_ids=ids).logits
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_impl_is_the_fast_path_on_cuda(tiny_hf_dir):
+    """impl=auto picks the forward measured faster on a GPU (docs/performance.md), and it matches
+    HF's forward there in bf16 autocast."""
+    from prorl_bench.config import HFImpl, ModelConfig, ModelKind
+    from prorl_bench.fast_llama import FastLlamaPolicy
+    from prorl_bench.hf_model import load_policy
+
+    dev = torch.device("cuda")
+    auto = load_policy(ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir)), dev)
+    hf = load_policy(ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.hf), dev)
+    assert isinstance(auto, FastLlamaPolicy)
+    ids = torch.randint(3, 90, (4, 12), device=dev)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        a, b = auto(ids, mask).float(), hf(ids, mask).float()
+    assert (a - b).norm() / b.norm() < 2e-2  # bf16 operands: ~1e-3..1e-2 relative

@@ -97,6 +97,18 @@ def test_auto_impl_is_hf_unless_adapters_name_fused_layers(tiny_hf_dir):
     assert isinstance(load_policy(cfg, torch.device("cpu"), ["qkv", "fc1"]), FastLlamaPolicy)
 
 
+def test_auto_impl_decision_table_per_device():
+    """The measured choice: fast on CUDA, HF on CPU; LoRA target names and the family override it."""
+    from prorl_bench.hf_model import _auto_impl
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert _auto_impl(True, cuda, [], []) == HFImpl.fast
+    assert _auto_impl(True, cpu, [], []) == HFImpl.hf
+    assert _auto_impl(True, cpu, ["qkv"], []) == HFImpl.fast
+    assert _auto_impl(True, cuda, [], ["q_proj"]) == HFImpl.hf  # HF names exist only in HF's forward
+    assert _auto_impl(False, cuda, [], []) == HFImpl.hf  # no fast path outside the LLaMA family
+
+
 def test_auto_impl_falls_back_to_hf_forward_for_other_architectures(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
