@@ -212,32 +212,39 @@ def _train(
             n_mb = 0
             diag_agg = diagnostic_agg(a.loss_agg)
             ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
-            params_before = [p.detach().clone() for p in policy.parameters()]
             trainable = [p for p in policy.parameters() if p.requires_grad]
-            with acct.stage("update"), autocast:
+            params_before = [p.detach().clone() for p in trainable]  # frozen ones cannot move: no copy of them
+            with acct.stage("update"):
                 for epoch in range(a.ppo_epochs if len(rows) else 0):
                     perm = rows[torch.randperm(len(rows), generator=s.shuffle_gen).to(device)]
                     for idx in perm.tensor_split(a.minibatches):
-                        mb = batch.rows(idx)
-                        mb_mask = mb.completion_mask
-                        with nullcontext() if routed is None else route_rows(policy, routed[idx.cpu()].to(device)):
-                            logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
-                        _count_policy_forward(acct, policy, mb, backward=True)
-                        with acct.stage("ref_logprob"):
-                            logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
-                        if epoch == 0 and logp_ref is not None:
-                            ref_rows[idx] = logp_ref
-                        pg_tok, clipped = clipped_surrogate(
-                            logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp, a.clip_ratio_c
-                        )
-                        pg = aggregate(pg_tok, mb_mask, a.loss_agg)
-                        kl_loss = torch.zeros((), device=device)
-                        if kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
-                            anchor = ref.anchor(logp_ref, logp_old[idx])
-                            kl_tok = kl_per_token(kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
-                            kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
-                        ent = aggregate(entropy, mb_mask, a.loss_agg)
-                        loss = pg + beta * kl_loss - a.entropy_coef * ent
+                        # autocast around the forwards and the loss only: its cache of bf16 weight casts lives
+                        # until the context exits, so an optimizer step inside it would leave later minibatches
+                        # on the weights from before the step (stale casts). Backward runs outside, as torch advises.
+                        with autocast:
+                            mb = batch.rows(idx)
+                            mb_mask = mb.completion_mask
+                            with nullcontext() if routed is None else route_rows(policy, routed[idx.cpu()].to(device)):
+                                logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
+                            _count_policy_forward(acct, policy, mb, backward=True)
+                            with acct.stage("ref_logprob"):
+                                logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
+                            if epoch == 0 and logp_ref is not None:
+                                ref_rows[idx] = logp_ref
+                            pg_tok, clipped = clipped_surrogate(
+                                logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp,
+                                a.clip_ratio_c,
+                            )  # fmt: skip
+                            pg = aggregate(pg_tok, mb_mask, a.loss_agg)
+                            kl_loss = torch.zeros((), device=device)
+                            if kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
+                                anchor = ref.anchor(logp_ref, logp_old[idx])
+                                kl_tok = kl_per_token(
+                                    kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp
+                                )
+                                kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
+                            ent = aggregate(entropy, mb_mask, a.loss_agg)
+                            loss = pg + beta * kl_loss - a.entropy_coef * ent
                         s.optimizer.zero_grad(set_to_none=True)
                         if not s.guard.ok(loss, step, "update", "loss/total"):
                             continue
@@ -268,7 +275,7 @@ def _train(
             reference_is_base = ref.exists and not any(r["reset"] for r in s.history)
             row |= {
                 "kl/base": row["kl/ref"] if reference_is_base else float("nan"), "kl/beta": beta,
-                "lr": s.optimizer.param_groups[0]["lr"], "update_norm": _update_norm(params_before, policy),
+                "lr": s.optimizer.param_groups[0]["lr"], "update_norm": _update_norm(params_before, trainable),
                 "response_len": float(mask.sum(-1).mean()), "ds/kept_frac": len(rows) / len(batch),
                 "guard/skipped": s.guard.skipped,
             }  # fmt: skip
@@ -539,10 +546,16 @@ def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dic
     }
 
 
-def _update_norm(before: list[torch.Tensor], policy: torch.nn.Module) -> float:
-    """L2 norm of this step's parameter change (all PPO epochs/minibatches together)."""
-    sq = sum(float((p.detach() - b).double().square().sum()) for b, p in zip(before, policy.parameters()))
-    return sq**0.5
+def _update_norm(before: list[torch.Tensor], trainable: list[torch.Tensor]) -> float:
+    """L2 norm of this step's parameter change (all PPO epochs/minibatches together).
+
+    ``before``: copies of the ``trainable`` parameters from before the update. One host transfer for
+    all tensors (a GPU sync per tensor otherwise); the per-tensor sums are added in order on the host.
+    """
+    if not trainable:
+        return 0.0
+    per_tensor = torch.stack([(p.detach() - b).double().square().sum() for b, p in zip(before, trainable)])
+    return sum(per_tensor.tolist()) ** 0.5
 
 
 def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:
