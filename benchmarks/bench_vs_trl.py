@@ -12,11 +12,12 @@ on this machine with the same torch thread count):
 * ``trl_gc``       the same with TRL's default ``gradient_checkpointing=True`` (an extra forward in the
                    update: not identical work; not in the default ``--sides``)
 * ``prorl_hf``     prorl-bench, ``model=hf_causal_lm`` on the same directory, HF module forward
-* ``prorl_fast``   prorl-bench, same directory, the fast LLaMA forward (``model.impl=fast``, the default)
+* ``prorl_fast``   prorl-bench, same directory, the fast LLaMA forward (``model.impl=fast``; ``auto``'s
+                   pick on CUDA)
 * ``prorl_native`` prorl-bench's native policy with (about) the same parameter count
 
 Identical on every side: model weights (one ``save_pretrained`` directory, built once, random init,
-~0.84M parameters), prompts ("[BOS]R<6 digits>=", the reverse-digits task, same reward function),
+``--size``), prompts ("[BOS]R<6 digits>=", the reverse-digits task, same reward function),
 8 prompts x 8 completions, at most 7 completion tokens, temperature 1, 2 PPO epochs (TRL
 ``num_iterations=2``) of 2 minibatches of 32 (TRL ``per_device_train_batch_size=32``,
 ``steps_per_generation=2``), beta (k3 KL to a frozen reference), clip 0.2/0.28, AdamW lr, no warm-up.
@@ -24,10 +25,11 @@ samples/s = completions generated *and trained on* per second of wall time, meas
 ends of consecutive RL steps (TRL: every 4th optimizer step, one generation batch), after
 ``--warmup-steps`` untimed steps.
 
-``--device cuda`` runs both tools with bf16 autocast over fp32 master weights (TRL ``bf16=True``,
-prorl-bench ``hardware.dtype=bf16``), TF32 on, and TRL's gradient checkpointing off (its default is on;
-prorl-bench does not checkpoint, so the work stays identical). Step ends are taken after
-``torch.cuda.synchronize()``. MFU is against a measured bf16 matmul peak (8192^3) on CUDA.
+TRL's gradient checkpointing is off on the ``trl`` side on every device (its default is on;
+prorl-bench does not checkpoint, so the work stays identical). ``--device cuda`` runs both tools with
+bf16 autocast over fp32 master weights (TRL ``bf16=True``, prorl-bench ``hardware.dtype=bf16``) and
+TF32. Step ends are taken after ``torch.cuda.synchronize()``. MFU is against a measured bf16 matmul
+peak (8192^3) on CUDA.
 ``--size`` picks the model: ``tiny`` (~0.84M, hidden 128 x 4 layers) or ``0.5b`` (hidden 1280 x 24
 layers, 20 heads, MLP 3456: ~0.47B; the native side d_model 1280 x 24 layers, ~0.47B). The
 vocabulary is the 192-token character vocabulary on every size, so a real 150k-token LM head's cost
