@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-from prorl_bench.lora import LoRALinear, wrap_linears
+from prorl_bench.lora import LoRALinear, adapted_shape, wrap_linears
 
 SCALE_MODES: dict[str, tuple[float, float]] = {
     "both": (1.0, 1.0),
@@ -33,7 +33,7 @@ SCALE_MODES: dict[str, tuple[float, float]] = {
 
 
 class DualLoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, retain_rank: int, forget_rank: int, alpha: float, freeze_base: bool) -> None:
+    def __init__(self, base: nn.Module, retain_rank: int, forget_rank: int, alpha: float, freeze_base: bool) -> None:
         super().__init__()
         if retain_rank < 1 or forget_rank < 1:
             raise ValueError(f"dual_lora ranks must be >= 1, got retain={retain_rank} forget={forget_rank}")
@@ -41,10 +41,11 @@ class DualLoRALinear(nn.Module):
         self.retain_scaling = alpha / retain_rank
         self.forget_scaling = alpha / forget_rank
         init = LoRALinear._init_rows
-        self.lora_retain_A = nn.Parameter(init(retain_rank, base.in_features, base.weight))
-        self.lora_retain_B = nn.Parameter(base.weight.new_zeros(base.out_features, retain_rank))
-        self.lora_forget_A = nn.Parameter(init(forget_rank, base.in_features, base.weight))
-        self.lora_forget_B = nn.Parameter(base.weight.new_zeros(base.out_features, forget_rank))
+        fan_in, fan_out = adapted_shape(base)  # nn.Linear or GPT-2's Conv1D
+        self.lora_retain_A = nn.Parameter(init(retain_rank, fan_in, base.weight))
+        self.lora_retain_B = nn.Parameter(base.weight.new_zeros(fan_out, retain_rank))
+        self.lora_forget_A = nn.Parameter(init(forget_rank, fan_in, base.weight))
+        self.lora_forget_B = nn.Parameter(base.weight.new_zeros(fan_out, forget_rank))
         self.scales: tuple[float, float] = (1.0, 1.0)
         self.row_mask: torch.Tensor | None = None  # (batch,) bool, True = detach retain path
         if freeze_base:

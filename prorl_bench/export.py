@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from prorl_bench.checkpoint import checkpoint_paths, load_verified
 from prorl_bench.config import AdapterKind, Config, ConfigError, ModelConfig, ModelKind
-from prorl_bench.lora import LoRALinear, attach_lora, grow_rank, lora_layers
+from prorl_bench.lora import LoRALinear, attach_lora, grow_rank, is_transposed, lora_layers
 
 NATIVE_FORMAT = "prorl-bench-native"
 
@@ -101,13 +101,16 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
 @torch.no_grad()
 def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
     """The policy's state dict with every LoRALinear folded into a plain Linear's names:
-    ``X.weight = X.base.weight + scaling * X.lora_B @ X.lora_A`` (``X.bias = X.base.bias``)."""
+    ``X.weight = X.base.weight + scaling * X.lora_B @ X.lora_A`` (transposed for a Conv1D base;
+    ``X.bias = X.base.bias``)."""
     sd = {k: v.detach().float().cpu().clone() for k, v in policy.state_dict().items()}
     for name, mod in lora_layers(policy):
         assert isinstance(mod, LoRALinear)
         for k in [k for k in sd if k.startswith(name + ".base.") or k.startswith(name + ".lora_")]:
             del sd[k]
-        delta = mod.scaling * (mod.lora_B.float() @ mod.lora_A.float())
+        delta = mod.scaling * (mod.lora_B.float() @ mod.lora_A.float())  # (out, in)
+        if is_transposed(mod.base):  # GPT-2's Conv1D stores its weight as (in, out)
+            delta = delta.t()
         sd[f"{name}.weight"] = (mod.base.weight.float() + delta).cpu()
         if mod.base.bias is not None:
             sd[f"{name}.bias"] = mod.base.bias.detach().float().cpu().clone()
@@ -222,13 +225,17 @@ def export_peft(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
     from safetensors.torch import save_file
 
     sd, targets, r, lora_alpha = peft_adapter_state(policy)
+    # PEFT's flag for Conv1D bases (GPT-2): weight (in, out); the adapters' A and B are the same
+    transposed = {is_transposed(m.base) for _, m in lora_layers(policy)}
+    if len(transposed) != 1:
+        raise ValueError("export: adapters on both nn.Linear and Conv1D layers; PEFT has one fan_in_fan_out flag")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out / "adapter_model.safetensors"))
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(cfg.model.path),
         "r": r, "lora_alpha": lora_alpha, "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
-        "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None, "use_rslora": False,
+        "fan_in_fan_out": transposed.pop(), "inference_mode": True, "modules_to_save": None, "use_rslora": False,
         "use_dora": False, "init_lora_weights": True,
     }  # fmt: skip
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """LoRA adapters that can grow their rank (PEFT cannot: peft#825).
 
-``LoRALinear`` wraps an ``nn.Linear``: y = base(x) + scaling * x A^T B^T with A: (r, in),
+``LoRALinear`` wraps an ``nn.Linear`` (or transformers' ``Conv1D``, GPT-2's linear layer, whose
+weight is stored transposed as (in, out)): y = base(x) + scaling * x A^T B^T with A: (r, in),
 B: (out, r). B starts at zero, so attaching adapters does not change the policy's function.
 ``scaling`` is fixed at attach time (alpha / initial rank) and is *not* recomputed when the rank
 grows — otherwise growth would rescale what the adapter already learned.
@@ -13,6 +14,7 @@ so B A and the policy's function are unchanged at the moment of growth. New tens
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -21,15 +23,41 @@ import torch.nn as nn
 from prorl_bench.registry import ConfigError
 
 
+def _conv1d_type() -> type | None:
+    """transformers' ``Conv1D`` (a linear layer with weight (in, out): GPT-2 and its relatives), or
+    None when transformers' layers were never imported (then no module can be one; a native run
+    does not pay for importing transformers)."""
+    mod = sys.modules.get("transformers.pytorch_utils")
+    return getattr(mod, "Conv1D", None)
+
+
+def linear_shape(m: nn.Module) -> tuple[int, int] | None:
+    """(in_features, out_features) of an ``nn.Linear`` or a transformers ``Conv1D``; None for any
+    other module (adapters wrap these two kinds only, as PEFT's ``all-linear`` does)."""
+    if isinstance(m, nn.Linear):
+        return m.in_features, m.out_features
+    conv1d = _conv1d_type()
+    if conv1d is not None and isinstance(m, conv1d):
+        return m.weight.shape[0], m.weight.shape[1]  # Conv1D computes x @ W + b with W: (in, out)
+    return None
+
+
+def is_transposed(m: nn.Module) -> bool:
+    """True for a ``Conv1D``: its weight is (in, out), the transpose of ``nn.Linear``'s (PEFT's
+    ``fan_in_fan_out``)."""
+    return not isinstance(m, nn.Linear) and linear_shape(m) is not None
+
+
 def matmul_params(model: nn.Module) -> int:
-    """Weights that take part in a per-token matmul: every ``nn.Linear`` weight plus LoRA A and B.
+    """Weights that take part in a per-token matmul: every ``nn.Linear`` / ``Conv1D`` weight plus
+    LoRA A and B.
 
     Cached on the model (``flops_per_token`` asks on every forward pass); attaching or growing
     adapters invalidates the cache.
     """
     n = model.__dict__.get("_matmul_params")
     if n is None:
-        n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+        n = sum(m.weight.numel() for m in model.modules() if linear_shape(m) is not None)
         n += sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
         model.__dict__["_matmul_params"] = n
     return n
@@ -39,13 +67,22 @@ def _invalidate(model: nn.Module) -> None:
     model.__dict__.pop("_matmul_params", None)
 
 
+def adapted_shape(base: nn.Module) -> tuple[int, int]:
+    """(in_features, out_features) of a layer an adapter may wrap; ValueError for any other."""
+    shape = linear_shape(base)
+    if shape is None:
+        raise ValueError(f"adapters wrap nn.Linear or Conv1D layers, not {type(base).__name__}")
+    return shape
+
+
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, freeze_base: bool) -> None:
+    def __init__(self, base: nn.Module, rank: int, alpha: float, freeze_base: bool) -> None:
         super().__init__()
         self.base = base
         self.scaling = alpha / rank
-        self.lora_A = nn.Parameter(self._init_rows(rank, base.in_features, base.weight))
-        self.lora_B = nn.Parameter(base.weight.new_zeros(base.out_features, rank))
+        fan_in, fan_out = adapted_shape(base)
+        self.lora_A = nn.Parameter(self._init_rows(rank, fan_in, base.weight))
+        self.lora_B = nn.Parameter(base.weight.new_zeros(fan_out, rank))
         # (A, B) to use instead of the parameters: the adapter reference's weights (see
         # reference.AdapterReference), set only for the duration of a no-grad reference forward
         self.override: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -98,32 +135,33 @@ def attach_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, f
     return wrap_linears(model, targets, lambda base: LoRALinear(base, rank, alpha, freeze_base), freeze_base)
 
 
-ALL_LINEAR = "all-linear"  # PEFT's name: every nn.Linear except the output head
+ALL_LINEAR = "all-linear"  # PEFT's name: every nn.Linear / Conv1D except the output head
 OUTPUT_HEADS = {"lm_head", "embed_out", "output"}  # the vocabulary projection: never adapted (as in PEFT)
 
 
 def wrap_linears(model: nn.Module, targets: list[str], make, freeze_base: bool) -> int:
-    """Replace every ``nn.Linear`` whose attribute name is in ``targets`` (or every one but the
-    output head, for ``["all-linear"]``) by ``make(linear)`` (an adapter layer whose parameters are
-    named ``lora_*``); freeze everything else with ``freeze_base``. Returns the number of wrapped
-    layers; zero matches is an error naming what the targets did match (a typo, or layers that are
-    not ``nn.Linear``, such as GPT-2's ``Conv1D``)."""
+    """Replace every ``nn.Linear`` or transformers ``Conv1D`` (GPT-2's linear layers) whose
+    attribute name is in ``targets`` (or every one but the output head, for ``["all-linear"]``, as
+    PEFT does) by ``make(layer)`` (an adapter layer whose parameters are named ``lora_*``); freeze
+    everything else with ``freeze_base``. Returns the number of wrapped layers; zero matches is an
+    error naming what the targets did match (a typo, or layers that are not linear, such as an
+    embedding)."""
     every = list(targets) == [ALL_LINEAR]
     wrapped, other = 0, set()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if not (every and name not in OUTPUT_HEADS) and name not in targets:
                 continue
-            if isinstance(child, nn.Linear):
+            if linear_shape(child) is not None:
                 setattr(parent, name, make(child))
                 wrapped += 1
             elif not every:
                 other.add(f"{name} ({type(child).__name__})")
     if wrapped == 0:
-        why = f"; matched only {sorted(other)}, which adapters do not support (nn.Linear only)" if other else ""
+        why = f"; matched only {sorted(other)}, which adapters do not support (nn.Linear / Conv1D only)"
         raise ConfigError(
-            f"invalid config value adapter.targets={list(targets)}: no nn.Linear layer of {type(model).__name__} "
-            f"has these names{why}"
+            f"invalid config value adapter.targets={list(targets)}: no nn.Linear / Conv1D layer of "
+            f"{type(model).__name__} has these names{why if other else ''}"
         )
     _invalidate(model)
     if freeze_base:

@@ -2,7 +2,9 @@
 
 Both paths see the same distribution: logits / temperature with the PAD and BOS tokens removed
 (``policy_logits``). ``logp_old``, ``logp_ref`` and ``logp_theta`` are therefore log-probabilities
-of the *sampling* distribution, as in verl. top-k only filters sampling (as in verl and TRL).
+of the *sampling* distribution, as in verl. top-k and top-p (nucleus) only filter which token is
+drawn: the logprobs of the loss, the ratio and the KL stay those of the full tempered distribution,
+as in TRL (its loss recomputes logits / temperature without the warpers) and verl.
 """
 
 from __future__ import annotations

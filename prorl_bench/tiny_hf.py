@@ -87,13 +87,13 @@ def build_tiny_llama(
     return path
 
 
-FAMILIES = ("llama", "qwen2", "gpt_neox", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "phi3", "gpt_neox", "gpt2")
 
 
 def build_tiny(family: str, path: str | Path, hidden_size: int = 32, n_layers: int = 2, n_heads: int = 4,
                max_position_embeddings: int = 256, seed: int = 0) -> Path:  # fmt: skip
     """A tiny random checkpoint of another architecture transformers ships (offline), with the same
-    character tokenizer: ``llama``, ``qwen2``, ``gpt_neox`` or ``gpt2``."""
+    character tokenizer: one of ``FAMILIES``."""
     import torch
     import transformers as tf
 
@@ -113,6 +113,22 @@ def build_tiny(family: str, path: str | Path, hidden_size: int = 32, n_layers: i
                                num_attention_heads=n_heads, max_position_embeddings=max_position_embeddings,
                                use_parallel_residual=True, **ids)  # fmt: skip
         model = tf.GPTNeoXForCausalLM
+    elif family == "qwen3":  # per-head q/k RMSNorm
+        cfg = tf.Qwen3Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=n_layers,
+                             num_attention_heads=n_heads, num_key_value_heads=n_heads // 2,
+                             head_dim=hidden_size // n_heads, max_position_embeddings=max_position_embeddings,
+                             **ids)  # fmt: skip
+        model = tf.Qwen3ForCausalLM
+    elif family == "gemma":  # embeddings scaled by sqrt(hidden), GeGLU MLP, (1 + w) RMSNorm
+        cfg = tf.GemmaConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=n_layers,
+                             num_attention_heads=n_heads, num_key_value_heads=1, head_dim=hidden_size // n_heads,
+                             max_position_embeddings=max_position_embeddings, **ids)  # fmt: skip
+        model = tf.GemmaForCausalLM
+    elif family == "phi3":  # fused qkv_proj and gate_up_proj
+        cfg = tf.Phi3Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=n_layers,
+                            num_attention_heads=n_heads, num_key_value_heads=n_heads,
+                            max_position_embeddings=max_position_embeddings, **ids)  # fmt: skip
+        model = tf.Phi3ForCausalLM
     elif family == "gpt2":
         cfg = tf.GPT2Config(n_embd=hidden_size, n_layer=n_layers, n_head=n_heads,
                             n_positions=max_position_embeddings, **ids)  # fmt: skip

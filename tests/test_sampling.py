@@ -51,3 +51,27 @@ def test_sampling_knobs_are_validated(override):
 
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         make_config([override])
+
+
+def test_small_top_p_samples_the_top_token_and_the_loss_keeps_the_full_distribution():
+    """top_p -> 0 leaves only the most likely token: sampling equals greedy decoding. The logprobs
+    the loss uses are still those of the whole tempered distribution (TRL/verl), so they are < 0
+    where a renormalised nucleus would give log 1 = 0."""
+    from prorl_bench.model import TransformerPolicy
+    from prorl_bench.rollout import generate, token_logprobs
+    from prorl_bench.tokenizers import CharTokenizer
+
+    tok = CharTokenizer()
+    torch.manual_seed(0)
+    policy = TransformerPolicy(make_config([]).model, tok.vocab_size).eval()
+    with torch.no_grad():
+        for p in policy.parameters():  # a peaked but not deterministic random policy
+            p.mul_(3.0)
+    ids, mask = tok.encode_prompts(["12 34", "5", "678"])
+    run = lambda **kw: generate(policy, tok, ids, mask, 6, 0.7, generator=torch.Generator().manual_seed(1), **kw)  # noqa: E731
+    greedy, tiny, full = run(greedy=True), run(top_p=1e-6), run(top_p=1.0)
+    assert torch.equal(tiny.ids, greedy.ids) and not torch.equal(full.ids, greedy.ids)
+    with torch.no_grad():
+        logp, _ = token_logprobs(policy, tiny, 0.7, tuple(tok.banned_ids))
+    live = tiny.completion_mask.bool()
+    assert bool((logp[live] < -1e-4).any()) and bool((logp[live] <= 0).all())
