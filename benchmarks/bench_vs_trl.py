@@ -28,8 +28,8 @@ ends of consecutive RL steps (TRL: every 4th optimizer step, one generation batc
 TRL's gradient checkpointing is off on the ``trl`` side on every device (its default is on;
 prorl-bench does not checkpoint, so the work stays identical). ``--device cuda`` runs both tools with
 bf16 autocast over fp32 master weights (TRL ``bf16=True``, prorl-bench ``hardware.dtype=bf16``) and
-TF32. Step ends are taken after ``torch.cuda.synchronize()``. MFU is against a measured bf16 matmul
-peak (8192^3) on CUDA.
+TF32. Step ends are taken after ``torch.cuda.synchronize()``. MFU is against the trainer's measured
+matmul peak (``accounting.measured_matmul_peak``: bf16 8192^3 on CUDA).
 ``--size`` picks the model: ``tiny`` (~0.84M, hidden 128 x 4 layers) or ``0.5b`` (hidden 1280 x 24
 layers, 20 heads, MLP 3456: ~0.47B; the native side d_model 1280 x 24 layers, ~0.47B). The
 vocabulary is the 192-token character vocabulary on every size, so a real 150k-token LM head's cost
@@ -73,29 +73,6 @@ def _sync(device: str) -> None:
 
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def bf16_peak() -> float:
-    """Measured bf16 matmul FLOP/s of this GPU: the median of 10 timed 8192^3 products on random data."""
-    import torch
-
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del a, b
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()  # the 3 x 128 MiB of this measurement are not the run's memory
-    return 2.0 * n**3 / statistics.median(times)
 
 
 class GpuBusy:
@@ -251,7 +228,8 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     from prorl_bench.trainer import train
 
     torch.set_num_threads(threads)
-    peak = bf16_peak() if device == "cuda" else measured_matmul_peak(torch.device("cpu"))
+    # the trainer's own MFU peak (bf16 8192^3 on CUDA, fp32 1024^3 on CPU): measured here, cached for the run
+    peak = measured_matmul_peak(torch.device(device), torch.bfloat16 if device == "cuda" else torch.float32)
     if impl is None:
         d, layers, heads = SIZES[size]["native"]
         model = ModelConfig(kind=ModelKind.native, d_model=d, n_layers=layers, n_heads=heads, max_seq_len=32)
@@ -277,7 +255,6 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
             tf32=device == "cuda",
             torch_threads=threads,
             deterministic=False,
-            peak_flops=peak,
         ),
         warmup=WarmupConfig(enabled=False),
         steps=warm + steps,

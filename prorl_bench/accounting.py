@@ -84,26 +84,37 @@ class StepAccounting:
 _PEAK_CACHE: dict[str, float] = {}
 
 
-def measured_matmul_peak(device: torch.device, n: int = 1024, trials: int = 5, reps: int = 3) -> float:
-    """Achievable fp32 matmul FLOP/s on this device with the current thread count (cached).
+def measured_matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None,
+                         trials: int = 5, reps: int = 3) -> float:  # fmt: skip
+    """Achievable matmul FLOP/s on this device in ``dtype`` (the precision the run's matmuls use:
+    bf16 under CUDA autocast) with the current thread count (cached per device, dtype and threads).
 
     The best of ``trials`` timings of ``reps`` (n x n) @ (n x n) products: a peak, so a busy
-    moment during the measurement does not deflate it (which would inflate MFU).
+    moment during the measurement does not deflate it (which would inflate MFU). ``n`` defaults to
+    1024 on CPU and 8192 on CUDA (a 1024^3 product does not fill a large GPU). On CUDA the
+    measurement's memory is freed and the peak-memory counter reset afterwards, so it does not show
+    up as the run's memory.
     """
-    key = f"{device}:{torch.get_num_threads()}"
+    key = f"{device}:{dtype}:{torch.get_num_threads()}"
     if key not in _PEAK_CACHE:
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
+        cuda = device.type == "cuda"
+        n = n or (8192 if cuda else 1024)
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
         a @ b  # warm-up
         best = float("inf")
         for _ in range(trials):
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(reps):
                 a @ b
-            if device.type == "cuda":
+            if cuda:
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t0)
         _PEAK_CACHE[key] = 2.0 * n**3 * reps / best
+        if cuda:
+            del a, b
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
     return _PEAK_CACHE[key]

@@ -78,8 +78,14 @@ def setup_hardware(cfg: Config, threads: int) -> tuple[torch.device, Any]:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.hardware.tf32
         torch.backends.cudnn.allow_tf32 = cfg.hardware.tf32
-    bf16 = cfg.hardware.dtype == DType.bf16 and device.type == "cuda"  # auto on a CPU-only host: fp32
+    bf16 = matmul_dtype(cfg, device) == torch.bfloat16
     return device, torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def matmul_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """The precision the run's matmuls use: bf16 (autocast) only on CUDA; ``auto`` on a CPU-only host
+    and every CPU run: fp32."""
+    return torch.bfloat16 if cfg.hardware.dtype == DType.bf16 and device.type == "cuda" else torch.float32
 
 
 def seed_everything(seed: int) -> None:
@@ -134,7 +140,7 @@ def _train(
     if cfg.variant.resets:
         base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
     kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
-    peak = cfg.hardware.peak_flops or measured_matmul_peak(device)
+    peak = cfg.hardware.peak_flops or measured_matmul_peak(device, matmul_dtype(cfg, device))
     acct = StepAccounting(device)
     val_problems = task.val_set()
 
