@@ -86,7 +86,7 @@ class GpuBusy:
     def __init__(self, enabled: bool, warm: int, steps: int) -> None:
         # the last timed step is left out when there are others: prorl-bench's ends with the final evaluation
         self.enabled, self.start_at, self.stop_at = enabled, warm, warm + max(1, steps - 1)
-        self.prof = None
+        self.prof, self.t0 = None, 0.0
         self.result: dict = {}
 
     def on_step_end(self, n_ended: int) -> None:
