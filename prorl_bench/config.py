@@ -321,6 +321,7 @@ class ModelConfig:
     n_heads: int = 4  # native: attention heads (divides d_model)
     dropout: float = 0.0  # native: dropout probability (0 keeps RL deterministic)
     max_seq_len: int = 64  # native: context length in tokens (prompt + completion + BOS)
+    positions: str = "learned"  # native: learned (absolute, GPT-2) | rope (rotary, relative; RoFormer, Su et al. 2021)
     path: str | None = None  # hf_causal_lm: local model directory (config.json, weights, tokenizer)
     impl: HFImpl = HFImpl.auto  # hf_causal_lm forward: auto | hf | fast (see HFImpl)
 
@@ -338,6 +339,13 @@ class ModelConfig:
         )
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         _require(self.max_seq_len >= 8, "model.max_seq_len", self.max_seq_len, ">= 8")
+        _require(self.positions in ("learned", "rope"), "model.positions", self.positions, "learned, rope")
+        _require(
+            self.positions == "learned" or (self.d_model // self.n_heads) % 2 == 0,
+            "model.positions",
+            self.positions,
+            "learned when the head dimension (d_model / n_heads) is odd",
+        )
 
 
 def _check_hf_path(path: str | None) -> None:

@@ -3,6 +3,14 @@
 Sequences are left-padded prompts followed by the completion. Padding is handled with a key mask
 and position ids from the mask's cumulative sum, so a left-padded prompt sees the same positions
 as an unpadded one. Dropout is off by default (the A0 = A1 = A2 invariant needs determinism).
+
+Positions (``model.positions``): ``learned`` adds a learned absolute embedding counted from the
+sequence start (GPT-2); ``rope`` rotates queries and keys by their position (RoPE, Su et al. 2021,
+"RoFormer"), so attention scores depend only on the *distance* between tokens. Why it matters here: with
+absolute positions the output token that copies input digit k sits at a different absolute position for
+each input length, so 3-, 4- and 5-digit inputs compete for the same position embeddings and RL drives
+one length to zero (DESIGN.md section 11); under RoPE the copy rule (attend 2k+c tokens back) is the
+same for every length.
 """
 
 from __future__ import annotations
@@ -21,6 +29,24 @@ def positions(key_mask: torch.Tensor) -> torch.Tensor:
     """Position ids of left-padded rows: 0 at each row's first real token, padding clamped to 0.
     key_mask: (B, T) bool -> (B, T) long. One formula for every forward and the sampler."""
     return (key_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def rope_tables(pos: torch.Tensor, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of RoPE's rotation angles pos * base^(-2i/head_dim), i < head_dim/2, repeated for both halves.
+    pos: (B, T) long -> two (B, T, head_dim) fp32 tensors; computed once per forward."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
+    angles = pos.to(torch.float32)[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (x[..., i], x[..., i + Dh/2]) of x (..., Dh) by the angles in cos/sin (broadcastable to x)
+    — the half-split layout of GPT-NeoX/LLaMA (one cat instead of strided pairs). A rotation preserves norms, and
+    q.k after rotating both depends only on the difference of their positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 @dataclass
@@ -73,11 +99,15 @@ class Block(nn.Module):
         attn_mask: torch.Tensor,
         cache: KVCache | None = None,
         layer: int = 0,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         b, t, d = x.shape
         h = self.n_heads
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        qkv = self.qkv(self.ln1(x)).view(b, t, 3, h, d // h)
+        if rope is not None:  # q and k rotated in one go; keys are cached rotated (each keeps its own angle)
+            cos, sin = (z[:, :, None, None, :] for z in rope)  # (B, T, 1, 1, Dh) against (B, T, 2, H, Dh)
+            qkv = torch.cat((apply_rope(qkv[:, :, :2], cos, sin), qkv[:, :, 2:]), dim=2)
+        q, k, v = (z.transpose(1, 2) for z in qkv.unbind(2))
         if cache is not None:
             start = cache.length
             cache.keys[layer][:, :, start : start + t] = k
@@ -100,7 +130,9 @@ class TransformerPolicy(nn.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.rope = cfg.positions == "rope"
+        if not self.rope:  # no unused parameter under RoPE (it would sit in AdamW and in the checkpoint)
+            self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
@@ -125,12 +157,18 @@ class TransformerPolicy(nn.Module):
         # Every query may attend to itself, so left-pad rows never see an all-masked row (NaN).
         eye = torch.eye(t, dtype=torch.bool, device=ids.device)
         attn = (causal & key_mask[:, None, :]) | eye
-        x = self.tok_emb(ids) + self.pos_emb(pos)
+        x, rope = self._embed(ids, pos)
         for blk in self.blocks:
-            x = blk(x, attn[:, None])
+            x = blk(x, attn[:, None], rope=rope)
         if keep > 0:
             x = x[:, -keep:]
         return self.lm_head(self.ln_f(x))
+
+    def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+        """Token embeddings plus learned positions, or token embeddings and RoPE's (cos, sin) tables."""
+        if self.rope:
+            return self.tok_emb(ids), rope_tables(pos, self.cfg.d_model // self.cfg.n_heads)
+        return self.tok_emb(ids) + self.pos_emb(pos), None
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
         h = self.cfg.n_heads
@@ -149,9 +187,9 @@ class TransformerPolicy(nn.Module):
         self_pos = torch.zeros(t, total, dtype=torch.bool, device=ids.device)
         self_pos[torch.arange(t), start + torch.arange(t)] = True
         attn = (causal & cache.key_mask[:, None, :total]) | self_pos
-        x = self.tok_emb(ids) + self.pos_emb(pos)
+        x, rope = self._embed(ids, pos)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, attn[:, None], cache=cache, layer=i)
+            x = blk(x, attn[:, None], cache=cache, layer=i, rope=rope)
         cache.length = total
         return self.lm_head(self.ln_f(x))
 
