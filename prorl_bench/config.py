@@ -309,6 +309,9 @@ class KLConfig:
         )
 
 
+POSITIONS = ("learned", "answer", "rope")  # model.positions (prorl_bench/model.py says why each)
+
+
 @dataclass
 class ModelConfig:
     """``kind=native`` uses d_model..max_seq_len. ``kind=hf_causal_lm`` loads ``path`` (a local
@@ -321,7 +324,7 @@ class ModelConfig:
     n_heads: int = 4  # native: attention heads (divides d_model)
     dropout: float = 0.0  # native: dropout probability (0 keeps RL deterministic)
     max_seq_len: int = 64  # native: context length in tokens (prompt + completion + BOS)
-    positions: str = "learned"  # native: learned (absolute, GPT-2) | rope (rotary, relative; RoFormer, Su et al. 2021)
+    positions: str = "learned"  # native: learned (from the row start) | answer (from the answer start) | rope
     path: str | None = None  # hf_causal_lm: local model directory (config.json, weights, tokenizer)
     impl: HFImpl = HFImpl.auto  # hf_causal_lm forward: auto | hf | fast (see HFImpl)
 
@@ -339,7 +342,7 @@ class ModelConfig:
         )
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         _require(self.max_seq_len >= 8, "model.max_seq_len", self.max_seq_len, ">= 8")
-        _require(self.positions in ("learned", "rope"), "model.positions", self.positions, "learned, rope")
+        _require(self.positions in POSITIONS, "model.positions", self.positions, ", ".join(POSITIONS))
         _require(
             self.positions == "learned" or (self.d_model // self.n_heads) % 2 == 0,
             "model.positions",
@@ -818,6 +821,14 @@ class Config:
             self.model.max_seq_len,
             f">= {max_prompt + max_completion + 1} for task {self.task.name} with max_len={self.task.max_len}",
         )
+        if self.model.positions == "answer":  # half the positions for the prompt (with BOS), half for the answer
+            need = 2 * max(max_prompt + 1, max_completion)
+            _require(
+                need <= self.model.max_seq_len,
+                "model.max_seq_len",
+                self.model.max_seq_len,
+                f">= {need} with model.positions=answer (prompts and completions get half the positions each)",
+            )
 
 
 MAX_SEED = 2**24

@@ -4,13 +4,21 @@ Sequences are left-padded prompts followed by the completion. Padding is handled
 and position ids from the mask's cumulative sum, so a left-padded prompt sees the same positions
 as an unpadded one. Dropout is off by default (the A0 = A1 = A2 invariant needs determinism).
 
-Positions (``model.positions``): ``learned`` adds a learned absolute embedding counted from the
-sequence start (GPT-2); ``rope`` rotates queries and keys by their position (RoPE, Su et al. 2021,
-"RoFormer"), so attention scores depend only on the *distance* between tokens. Why it matters here: with
-absolute positions the output token that copies input digit k sits at a different absolute position for
-each input length, so 3-, 4- and 5-digit inputs compete for the same position embeddings and RL drives
-one length to zero (DESIGN.md section 11); under RoPE the copy rule (attend 2k+c tokens back) is the
-same for every length.
+Positions (``model.positions``):
+
+* ``learned``: a learned embedding of the position counted from the row's first token (GPT-2).
+* ``answer``: the same learned table, but positions are counted from the **answer start**: the last prompt
+  column is ``max_seq_len // 2 - 1`` in every row and the completion starts at ``max_seq_len // 2``.
+* ``rope``: rotary embeddings of the position counted from the row's first token (RoPE, Su et al. 2021,
+  "RoFormer"): attention scores depend only on the distance between tokens.
+
+Why it matters (DESIGN.md section 11): reversing an n-digit input means output token k copies the input
+token mirrored around the separator and stops when the mirror reaches the prompt's start. Counted from
+the row's start (``learned``), that mirror sits at a different position for each n, so 3-, 4- and 5-digit
+inputs compete for the same position embeddings and RL drives one length to zero. Counted from the answer
+start (``answer``), the mirror of position p is the same position for every n, and so is the stop rule.
+Under ``rope`` the copy is one relative rule, but a mirror is not (it depends on where the separator is),
+and the stop decision needs counting: measured, RL zeroed the 4-digit inputs there too (docs/regime.md).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class KVCache:
     values: list[torch.Tensor]
     key_mask: torch.Tensor  # (B, T_max) bool: which cached positions are real tokens
     length: int = 0
+    prompt_width: int | None = None  # columns of the first (prompt) call: the answer starts after them
 
     @classmethod
     def allocate(
@@ -131,6 +140,7 @@ class TransformerPolicy(nn.Module):
         self.vocab_size = vocab_size
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.rope = cfg.positions == "rope"
+        self.answer_anchor = cfg.max_seq_len // 2 if cfg.positions == "answer" else None
         if not self.rope:  # no unused parameter under RoPE (it would sit in AdamW and in the checkpoint)
             self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -148,11 +158,22 @@ class TransformerPolicy(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     # -- forward passes
-    def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0, prompt_len: int | None = None
+    ) -> torch.Tensor:
         """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V), or only
-        the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt)."""
+        the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt).
+        ``prompt_len``: the prompt's columns (left-padded prompts end there); ``positions=answer`` needs it,
+        and takes ``T - keep + 1`` when keep > 0 (the scored completion plus the last prompt column)."""
         t = ids.shape[1]
-        pos = positions(key_mask)
+        if self.answer_anchor is None:
+            pos = positions(key_mask)
+        else:
+            if prompt_len is None and keep <= 0:
+                raise ValueError(
+                    "model.positions=answer: forward() needs prompt_len (or keep) to find the answer start"
+                )
+            pos = self._answer_positions(key_mask, 0, t - keep + 1 if prompt_len is None else prompt_len)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         # Every query may attend to itself, so left-pad rows never see an all-masked row (NaN).
         eye = torch.eye(t, dtype=torch.bool, device=ids.device)
@@ -163,6 +184,21 @@ class TransformerPolicy(nn.Module):
         if keep > 0:
             x = x[:, -keep:]
         return self.lm_head(self.ln_f(x))
+
+    def _answer_positions(self, key_mask: torch.Tensor, first_col: int, prompt_width: int) -> torch.Tensor:
+        """Positions counted from the answer start: column c -> anchor + c - prompt_width (the same in every
+        row: prompts are left-padded to prompt_width columns). key_mask: (B, t) for columns first_col.."""
+        anchor, limit = self.answer_anchor, self.cfg.max_seq_len
+        t = key_mask.shape[1]
+        cols = torch.arange(first_col, first_col + t, device=key_mask.device)
+        if prompt_width > anchor or first_col + t - prompt_width > limit - anchor:
+            raise ValueError(
+                f"model.positions=answer: a prompt of {prompt_width} tokens or a completion of "
+                f"{first_col + t - prompt_width} does not fit model.max_seq_len={limit} (prompts get "
+                f"{anchor} positions, completions {limit - anchor}): raise model.max_seq_len"
+            )
+        pos = (cols - prompt_width + anchor).clamp_min(0)  # left padding below 0 is masked: any position will do
+        return pos.expand(key_mask.shape[0], t)
 
     def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
         """Token embeddings plus learned positions, or token embeddings and RoPE's (cos, sin) tables."""
@@ -178,9 +214,15 @@ class TransformerPolicy(nn.Module):
     def forward_cached(
         self, ids: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor, cache: KVCache
     ) -> torch.Tensor:
-        """Incremental forward: append ids (B, t) at cache.length. Returns logits (B, t, V)."""
+        """Incremental forward: append ids (B, t) at cache.length. Returns logits (B, t, V). ``pos`` (B, t) is
+        used as given, except under ``positions=answer``: the first call is the prompt, and positions are
+        counted from the end of its columns."""
         b, t = ids.shape
         start = cache.length
+        if self.answer_anchor is not None:
+            if start == 0:
+                cache.prompt_width = t
+            pos = self._answer_positions(key_mask, start, cache.prompt_width)
         cache.key_mask[:, start : start + t] = key_mask
         total = start + t
         causal = torch.ones(t, total, dtype=torch.bool, device=ids.device).tril(diagonal=start)

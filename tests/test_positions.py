@@ -88,3 +88,62 @@ def test_left_padding_does_not_change_a_rows_logits():
 def test_bad_positions_value_names_the_key():
     with pytest.raises(ConfigError, match="model.positions"):
         ModelConfig(positions="alibi")
+
+
+# -- positions=answer: counted from the answer start
+
+
+def test_answer_positions_put_every_rows_answer_at_the_anchor():
+    policy = _policy("answer")
+    anchor = policy.cfg.max_seq_len // 2
+    # a batch of prompts of 3 and 5 tokens, left-padded to 5 columns, then 2 completion columns
+    mask = torch.tensor([[False, False, True, True, True, True, True], [True] * 7])
+    pos = policy._answer_positions(mask, 0, prompt_width=5)
+    assert pos[:, 4].tolist() == [anchor - 1, anchor - 1]  # the separator: same position whatever the length
+    assert pos[:, 5:].tolist() == [[anchor, anchor + 1]] * 2
+    assert pos[0, 2].item() == anchor - 3 and pos[1, 0].item() == anchor - 5  # first real tokens differ
+    # the learned scheme counts from each row's first token instead: the answers start at different positions
+    assert positions(mask)[:, 5].tolist() == [3, 5]
+
+
+def test_answer_cached_forward_equals_teacher_forced():
+    policy = _policy("answer").eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 20, (2, 9), generator=g)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[0, :2] = False
+    prompt = 5
+    full = policy(ids, mask, keep=9 - prompt + 1)  # what token_logprobs asks for
+    cache = policy.new_cache(2, 9, ids.device)
+    parts = [policy.forward_cached(ids[:, :prompt], mask[:, :prompt], positions(mask[:, :prompt]), cache)[:, -1:]]
+    for t in range(prompt, 9):
+        parts.append(policy.forward_cached(ids[:, t : t + 1], mask[:, t : t + 1], torch.zeros(2, 1).long(), cache))
+    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+
+
+def test_answer_logits_do_not_depend_on_the_batchs_prompt_width():
+    policy = _policy("answer").eval()
+    row = torch.tensor([[1, 7, 8, 9, 5, 11, 12]])  # prompt of 5 tokens, then 2 completion tokens
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), row], 1)
+    mask = torch.ones_like(row, dtype=torch.bool)
+    pmask = torch.cat([torch.zeros(1, 3, dtype=torch.bool), mask], 1)
+    a = policy(row, mask, keep=3)
+    b = policy(padded, pmask, keep=3)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_answer_positions_need_the_prompt_length():
+    policy = _policy("answer")
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="prompt_len"):
+        policy(ids, torch.ones_like(ids, dtype=torch.bool))
+    with pytest.raises(ValueError, match="model.max_seq_len"):  # a prompt longer than its half of the table
+        policy(torch.ones(1, 40, dtype=torch.long), torch.ones(1, 40, dtype=torch.bool), prompt_len=40)
+
+
+def test_answer_positions_config_checks_both_halves():
+    from tests.conftest import make_config
+
+    make_config(["model.positions=answer"])  # the default task fits
+    with pytest.raises(ConfigError, match="model.max_seq_len"):
+        make_config(["model.positions=answer", "model.max_seq_len=16"])
