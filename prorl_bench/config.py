@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from prorl_bench import registry
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import register_resolvers
+from prorl_bench.study import StudyConfig
 
 __all__ = ["ConfigError", "Config", "to_config", "register_configs"]
 
@@ -41,15 +42,9 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 # --------------------------------------------------------------------------- enums
 
 
-
-
 class RewardKind(str, Enum):
     exact = "exact"  # 1 if the completion equals the target, else 0
     partial = "partial"  # fraction of target positions matched (length-normalised)
-
-
-
-
 
 
 class KLPlacement(str, Enum):
@@ -62,8 +57,6 @@ class K2Mode(str, Enum):
     ref_over_old = "ref_over_old"
 
 
-
-
 class LossAgg(str, Enum):
     token = "token"  # mean over all response tokens of the minibatch
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
@@ -71,14 +64,10 @@ class LossAgg(str, Enum):
     seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
 
 
-
-
 class StallMetric(str, Enum):
     success_greedy = "val/success_greedy"
     success_sampled = "val/success_sampled"
     reward_mean = "val/reward_mean"
-
-
 
 
 class StepPolicy(str, Enum):
@@ -301,8 +290,10 @@ class KLConfig:
         _require(self.log_ratio_clamp > 0, "kl_estimator.log_ratio_clamp", self.log_ratio_clamp, "> 0")
         _require(self.kl_clamp > 0, "kl_estimator.kl_clamp", self.kl_clamp, "> 0")
         _require(
-            not (registry.KL_ESTIMATORS.meta(registry.KL_ESTIMATORS.check(self.name))["reward_only"]
-                 and self.placement == KLPlacement.loss),
+            not (
+                registry.KL_ESTIMATORS.meta(registry.KL_ESTIMATORS.check(self.name))["reward_only"]
+                and self.placement == KLPlacement.loss
+            ),
             "kl_estimator.placement",
             self.placement.value,
             "'reward' with k1 (k1 as a loss has zero expected gradient; use k2/k3 in the loss)",
@@ -724,9 +715,11 @@ class Config:
     progress: bool = True  # terminal progress bar (single runs only)
     run_dir: str | None = None  # None: Hydra's output directory
     export: ExportConfig = field(default_factory=ExportConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)  # a study grid's question and seed blocks (docs/studies.md)
 
     def __post_init__(self) -> None:
         _reject_nonfinite(self)
+        self.study.check_seed(self.seed)  # a confirm-block run on explore seeds would be mislabelled
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
         # derived generators multiply the seed (evaluation: seed * 1_000_003 + step; rank growth:
