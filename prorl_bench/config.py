@@ -42,9 +42,15 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 # --------------------------------------------------------------------------- enums
 
 
+
+
 class RewardKind(str, Enum):
     exact = "exact"  # 1 if the completion equals the target, else 0
     partial = "partial"  # fraction of target positions matched (length-normalised)
+
+
+
+
 
 
 class KLPlacement(str, Enum):
@@ -57,6 +63,8 @@ class K2Mode(str, Enum):
     ref_over_old = "ref_over_old"
 
 
+
+
 class LossAgg(str, Enum):
     token = "token"  # mean over all response tokens of the minibatch
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
@@ -64,10 +72,14 @@ class LossAgg(str, Enum):
     seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
 
 
+
+
 class StallMetric(str, Enum):
     success_greedy = "val/success_greedy"
     success_sampled = "val/success_sampled"
     reward_mean = "val/reward_mean"
+
+
 
 
 class StepPolicy(str, Enum):
@@ -290,10 +302,8 @@ class KLConfig:
         _require(self.log_ratio_clamp > 0, "kl_estimator.log_ratio_clamp", self.log_ratio_clamp, "> 0")
         _require(self.kl_clamp > 0, "kl_estimator.kl_clamp", self.kl_clamp, "> 0")
         _require(
-            not (
-                registry.KL_ESTIMATORS.meta(registry.KL_ESTIMATORS.check(self.name))["reward_only"]
-                and self.placement == KLPlacement.loss
-            ),
+            not (registry.KL_ESTIMATORS.meta(registry.KL_ESTIMATORS.check(self.name))["reward_only"]
+                 and self.placement == KLPlacement.loss),
             "kl_estimator.placement",
             self.placement.value,
             "'reward' with k1 (k1 as a loss has zero expected gradient; use k2/k3 in the loss)",
