@@ -686,7 +686,7 @@ class EvalConfig:
     n_samples: int = 16  # samples per held-out prompt (pass@k needs k <= n_samples)
     # k values of val/pass@k (Chen et al. 2021 unbiased estimator)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    n_sample_prompts: int = 8  # prompts written with all their samples to samples.jsonl
+    n_sample_prompts: int = 8  # prompts written with their samples to samples.jsonl (base and final step: all)
     batch: int = 512  # sequences generated per call during evaluation (memory vs speed)
     at_start: bool = True  # evaluate the base policy at step 0 (every run carries its own "before")
 
