@@ -206,8 +206,9 @@ def tost_p(diffs: Sequence[float], margin: float) -> float:
     Two one-sided t tests on the n differences with standard error se = s / sqrt(n), df = n - 1:
     H0a: mean <= -margin (statistic (mean + margin) / se, upper tail) and H0b: mean >= +margin
     ((mean - margin) / se, lower tail); p = max of the two. p < alpha is the same as the (1 - 2 alpha)
-    t interval lying inside (-margin, +margin). Equal differences (se = 0): 0 inside the margin, 1 outside.
-    n < 2 or no margin: nan.
+    t interval lying inside (-margin, +margin). Equal differences (se = 0, where t is undefined): the
+    one-sided sign-flip bound 2^-n inside the margin (every shifted difference has the same sign), 1
+    outside — so three identical seeds give 1/8, never certainty. n < 2 or no margin: nan.
     """
     d = finite(diffs)
     n = len(d)
@@ -216,7 +217,7 @@ def tost_p(diffs: Sequence[float], margin: float) -> float:
     m = sum(d) / n
     se = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1) / n)
     if se == 0:
-        return 0.0 if abs(m) < margin else 1.0
+        return 0.5**n if abs(m) < margin else 1.0
     p_low = float(sps.t.sf((m + margin) / se, n - 1))
     p_high = float(sps.t.cdf((m - margin) / se, n - 1))
     return max(p_low, p_high)

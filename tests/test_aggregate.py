@@ -419,3 +419,25 @@ def test_two_sweeps_labels_show_effective_settings_and_the_baseline_source(tmp_p
     assert "=," not in res.markdown and "=]" not in res.markdown
     assert f"[1] {s1.resolve()}" in res.markdown and f"[2] {s2.resolve()}" in res.markdown
     assert "vs baseline `A1` (from sweep [1+2])" in res.markdown
+
+
+def test_a_narrowed_study_grid_still_finds_its_declared_baseline(tmp_path):
+    """adam_step_hazard run with opt_reset.step=keep on the command line: only the factor varies, so
+    the groups are `0.0` and `1.0`; the declared baseline `factor=1.0, step=keep` is the group `1.0`."""
+    study = {**STUDY, "baseline": "factor=1.0, step=keep"}
+    for seed in range(3):
+        for factor, level in (("0.0", 0.2), ("1.0", 0.5)):
+            write_run(
+                tmp_path, [f"opt_reset.factor={factor}", "opt_reset.step=keep", f"seed={seed}"],
+                metrics=metric_rows([level] * 4), summary=OK, config={**_cfg(seed), "study": study},
+            )  # fmt: skip
+    res = agg.aggregate(tmp_path, figures=False)
+    assert "vs baseline `1.0`" in res.markdown and "is the group `1.0` here" in res.markdown
+    cmp = res.comparisons.set_index(["group", "metric"])  # (the CSV would read the label 0.0 as a float)
+    assert cmp.loc[("0.0", "success_final"), "family"] == "primary"
+    with pytest.raises(SweepDirError, match="--baseline 'Z'"):
+        agg.aggregate(tmp_path, figures=False, baseline="Z")
+    # another baseline than the declared one: the comparisons are descriptive, and the report says why
+    res = agg.aggregate(tmp_path, figures=False, baseline="0.0")
+    assert "is not the study's declared" in res.markdown
+    assert res.comparisons.set_index(["group", "metric"]).loc[("1.0", "success_final"), "family"] == "descriptive"

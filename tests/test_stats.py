@@ -190,7 +190,9 @@ def test_tost_matches_the_closed_form():
         x = list(rng.normal(rng.uniform(-0.05, 0.05), 0.03, size=8))
         lo, hi = stats.t_interval(x, level=0.90)
         assert (stats.tost_p(x, 0.04) < 0.05) == (-0.04 < lo and hi < 0.04)
-    assert stats.tost_p([0.01, 0.01, 0.01], 0.03) == 0.0 and stats.tost_p([0.05, 0.05], 0.03) == 1.0
+    # identical differences (no spread, t undefined): the sign-flip bound 2^-n, never certainty at small n
+    assert stats.tost_p([0.01, 0.01, 0.01], 0.03) == 1 / 8 and stats.tost_p([0.0] * 8, 0.03) == 1 / 256
+    assert stats.tost_p([0.05, 0.05], 0.03) == 1.0
     assert math.isnan(stats.tost_p(d, float("nan"))) and math.isnan(stats.tost_p([0.1], 0.03))
 
 
@@ -228,4 +230,3 @@ def test_paired_and_welch_comparisons():
 
     assert not w.paired and w.p == pytest.approx(ttest_ind([1.0, 2.0, 3.0], [0.0, 0.5, 1.0], equal_var=False).pvalue)
     assert w.lo < w.diff < w.hi
-
