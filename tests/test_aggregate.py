@@ -441,3 +441,26 @@ def test_a_narrowed_study_grid_still_finds_its_declared_baseline(tmp_path):
     res = agg.aggregate(tmp_path, figures=False, baseline="0.0")
     assert "is not the study's declared" in res.markdown
     assert res.comparisons.set_index(["group", "metric"]).loc[("1.0", "success_final"), "family"] == "descriptive"
+
+
+def test_missing_jobs_of_a_study_block_are_listed(tmp_path):
+    """multirun.yaml keeps the grid's seed parameter unresolved (${study.blocks.${study.block}}): the
+    reader resolves it, so a confirm job that never started shows as missing instead of vanishing."""
+    import yaml
+
+    study = {**STUDY, "blocks": {"explore": "0,1", "confirm": "2,3"}, "block": "confirm"}
+    params = {"opt_reset": "keep,hard", "seed": "${study.blocks.${study.block}}"}
+    multirun = {
+        "study": study,
+        "hydra": {
+            "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": params},
+            "overrides": {"task": ["study.block=confirm"]},
+        },
+    }
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    for arm, seed in (("keep", 2), ("keep", 3), ("hard", 2)):
+        write_run(tmp_path, [f"opt_reset={arm}", f"seed={seed}", "study.block=confirm"], metrics=metric_rows([0.5] * 4),
+                  summary=OK, config={**_cfg(seed), "study": study})  # fmt: skip
+    runs = agg.aggregate(tmp_path, figures=False).runs.set_index(["group", "seed"])
+    assert runs.loc[("hard", "3"), "status"] == "missing" and runs.loc[("hard", "3"), "block"] == "confirm"
+    assert len(runs) == 4
