@@ -660,8 +660,8 @@ def comparison_markdown(
         "adjustment across the primary cells of this table and a verdict; every other cell is descriptive "
         "(unadjusted p, no conclusion)."
         if study is not None
-        else "No study is declared for these runs: every cell is descriptive (unadjusted p, no conclusion; "
-        "docs/studies.md)."
+        else "No study applies to these comparisons (none declared, or see the notes): every cell is "
+        "descriptive (unadjusted p, no conclusion; docs/studies.md)."
     )
     return "\n".join(
         [
@@ -879,6 +879,23 @@ def load_sweeps(sweep_dirs: Sequence[str | Path]) -> Sweeps:
     return Sweeps(sweeps[0].sweep_dir, runs, keys, fixed, [sw.sweep_dir for sw in sweeps], origin, label)
 
 
+def find_group(label: str, sweep: Sweep, names: Sequence[str]) -> str | None:
+    """The group a baseline label names, also when the grid was narrowed on the command line: the
+    study's ``factor=1.0, step=keep`` is the group ``1.0`` of a sweep run with ``opt_reset.step=keep``
+    (every ``key=value`` of the label must hold for the group's runs; keys as labels shorten them)."""
+    if label in names:
+        return label
+    if "=" not in label:
+        return None
+    pairs = dict(part.split("=", 1) for part in label.split(", ") if "=" in part)
+    for name in names:
+        members = [r for r in sweep.runs if group_label(sweep, r) == name]
+        short = [{k.split(".")[-1]: v for k, v in r.overrides.items()} for r in members]
+        if members and all(all(o.get(k) == v for k, v in pairs.items()) for o in short):
+            return name
+    return None
+
+
 def choose_baseline(
     sweep: Sweeps, names: Sequence[str], requested: str | None, strict: bool, study: StudyConfig | None
 ) -> tuple[str | None, StudyConfig | None, list[str]]:
@@ -895,16 +912,18 @@ def choose_baseline(
         notes.append(f"baseline {requested!r} (from the grid's config) is not a group here; using the default")
         requested = None
     if study is not None:
-        if requested is not None and requested != study.baseline:
+        if requested is not None and requested != find_group(study.baseline, sweep, names):
             notes.append(
                 f"baseline {requested!r} is not the study's declared `{study.baseline}`: every cell is descriptive"
             )
             study = None
-        elif study.baseline not in names:
+        elif (found := find_group(study.baseline, sweep, names)) is None:
             notes.append(f"the study's baseline `{study.baseline}` is not a group here: every cell is descriptive")
             study = None
         else:
-            requested = study.baseline
+            if found != study.baseline:
+                notes.append(f"the study's baseline `{study.baseline}` is the group `{found}` here")
+            requested = found
     if requested is not None:
         return requested, study, notes
     chosen = default_baseline(names)
