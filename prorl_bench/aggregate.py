@@ -15,11 +15,12 @@ listed with their error in the runs table — never dropped.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from prorl_bench import stats
+from prorl_bench.registry import ConfigError
+from prorl_bench.study import REQUIRED_BLOCKS, Endpoint, StudyConfig, study_from_dict
 from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep
 
 OUT_SUBDIR = "aggregate"
@@ -71,8 +74,11 @@ METRICS: list[tuple[str, str, str]] = [
     ("wall_time_s", "wall (s)", "whole run wall time incl. warm-up load and validation, seconds"),
     ("route_both_success", "success (both)", "gradient routing: held-out task success, both adapters, last eval"),
     ("route_both_hack", "hack (both)", "gradient routing: held-out hack rate, both adapters, last eval"),
-    ("route_retain_success", "success (forget ablated)", "held-out task success with the forget adapter at 0 "
-     "(a policy without one: as it is)"),  # fmt: skip
+    (
+        "route_retain_success",
+        "success (forget ablated)",
+        "held-out task success with the forget adapter at 0 (a policy without one: as it is)",
+    ),  # fmt: skip
     ("route_retain_hack", "hack (forget ablated)", "held-out hack rate, forget adapter at 0 (without one: as is)"),
 ]
 # routing columns (printed and compared when a sweep has them): metric -> validation key
@@ -243,63 +249,92 @@ def _first_line(text: str | None, limit: int = 160) -> str:
 
 
 def run_table(sweep: Sweep, threshold: float = DEFAULT_THRESHOLD, window: int = DEFAULT_WINDOW) -> pd.DataFrame:
-    """One row per run (missing and failed included): group keys, seed, status, error, figures."""
+    """One row per run (missing and failed included): group keys, seed, seed block, source sweep
+    (1-based, as the heading lists the directories), status, error, figures."""
     rows = []
+    origin = sweep.origin if isinstance(sweep, Sweeps) else {}
     for run in sweep.runs:
         row: dict[str, Any] = {"group": group_label(sweep, run)}
         row.update({k: run.overrides.get(k, "") for k in sweep.group_keys})
         row["seed"] = run.seed
+        row["block"] = run_block(run)
+        row["sweep"] = origin.get(id(run), 0) + 1
         row["status"] = run.status
         row["error"] = _first_line(run.error, limit=10_000)
         row.update(run_metrics(run, threshold, window))
         row["run_dir"] = str(run.run_dir) if run.run_dir else ""
         rows.append(row)
     df = pd.DataFrame(rows)
+    df = _fill_blocks(df)
     order = {s: i for i, s in enumerate(STATUSES)}
     df["_o"] = df["status"].map(order)
-    df = df.sort_values(["group", "_o", "seed"], kind="stable").drop(columns="_o").reset_index(drop=True)
+    df["_b"] = df["block"].map(_block_rank)
+    df = df.sort_values(["_b", "group", "_o", "seed"], kind="stable").drop(columns=["_o", "_b"])
+    return df.reset_index(drop=True)
+
+
+def _block_rank(block: str) -> tuple[int, str]:
+    return (REQUIRED_BLOCKS.index(block) if block in REQUIRED_BLOCKS else len(REQUIRED_BLOCKS), block)
+
+
+def _fill_blocks(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs that never wrote a config (missing, died at start-up) take their sweep's block."""
+    for _, g in df.groupby("sweep"):
+        known = [b for b in g["block"] if b != NO_BLOCK]
+        if known and len(set(known)) == 1:
+            df.loc[g.index, "block"] = known[0]
     return df
 
 
-# Settings that never make two runs different experiments (where files go, threads, logging).
+# Settings that never make two runs different experiments (where files go, threads, logging; the study
+# node: which seed block a run belongs to is handled as the block, not as a setting).
 RUN_SPECIFIC = ("seed", "run_dir", "progress", "warmup.cache_dir", "hardware.torch_threads", "eval.batch")
-RUN_SPECIFIC_PREFIXES = ("tracking.", "checkpoint.")
+RUN_SPECIFIC_PREFIXES = ("tracking.", "checkpoint.", "study.")
 # What determines the base policy and the prompt stream besides the seed: runs of two groups are
 # paired by seed only when these agree (then they start from one base and see the same prompts).
 PAIRING_PREFIXES = ("task.", "model.", "warmup.")
 PAIRING_KEYS = ("algo.prompts_per_step", "algo.group_size", "algo.temperature")
 
 
+@dataclass
+class Sweeps(Sweep):
+    """One or several sweep directories read together. ``dirs``: every directory, in the order given;
+    ``origin``: id(run) -> index into ``dirs``; ``label``: id(run) -> its group label *within its own
+    sweep* (so a key that only another sweep varies never shows up empty in a label)."""
+
+    dirs: list[Path] = field(default_factory=list)
+    origin: dict[int, int] = field(default_factory=dict)
+    label: dict[int, str] = field(default_factory=dict)
+
+    def sources(self, runs: Sequence[RunRecord]) -> str:
+        """``[1]``, ``[1+2]``: which directories these runs come from (1-based, as the heading lists them)."""
+        return "[" + "+".join(str(i + 1) for i in sorted({self.origin[id(r)] for r in runs})) + "]"
+
+
 def _settings(run: RunRecord) -> dict[str, Any]:
-    return {
-        k: v for k, v in run.config.items() if k not in RUN_SPECIFIC and not k.startswith(RUN_SPECIFIC_PREFIXES)
-    }
+    return {k: v for k, v in run.config.items() if k not in RUN_SPECIFIC and not k.startswith(RUN_SPECIFIC_PREFIXES)}
 
 
 def split_inconsistent_groups(sweep: Sweep) -> list[str]:
-    """Never pool runs whose settings differ: within one label, runs with different resolved
-    settings (e.g. 100 vs 150 steps from two sweeps) become separate groups named by the differing
-    keys. Returns one note per split label (empty when every group was consistent)."""
+    """Label every run by its own sweep's varied overrides, and never pool runs whose settings differ:
+    within one label, runs with different resolved settings (e.g. 100 vs 150 steps from two sweeps)
+    become separate groups named by the differing keys. Returns one note per split label."""
     notes = []
     by_label: dict[str, list[RunRecord]] = {}
+    own = sweep.label if isinstance(sweep, Sweeps) else {}
     for run in sweep.runs:
-        run.group = ""
+        run.group = own.get(id(run), "")
         by_label.setdefault(group_label(sweep, run), []).append(run)
     for label, members in by_label.items():
         configured = [r for r in members if r.config]
         keys = sorted({k for r in configured for k in _settings(r)})
         differing = [k for k in keys if len({repr(_settings(r).get(k)) for r in configured}) > 1]
-        if not differing:
-            for r in members:
-                r.group = label
-            continue
         for r in members:
-            if r.config:
-                tag = ", ".join(f"{k}={_settings(r).get(k)}" for k in differing[:3])
-                r.group = f"{label} [{tag}]"
-            else:
-                r.group = label
-        notes.append(f"group {label!r} split: its runs differ in {', '.join(differing)}")
+            r.group = label
+            if differing and r.config:
+                r.group = f"{label} [{', '.join(f'{k}={_settings(r).get(k)}' for k in differing[:3])}]"
+        if differing:
+            notes.append(f"group {label!r} split: its runs differ in {', '.join(differing)}")
     return notes
 
 
@@ -324,21 +359,83 @@ def default_baseline(groups: Sequence[str]) -> str | None:
     return groups[0] if groups else None
 
 
+# --------------------------------------------------------------------------- studies and blocks
+
+NO_BLOCK = ""  # runs of a grid that declares no study
+
+
+def run_block(run: RunRecord) -> str:
+    """The seed block a run belongs to (``study.block`` of its resolved config or its overrides)."""
+    if run.config.get("study.question"):
+        return str(run.config.get("study.block", "explore"))
+    return run.overrides.get("study.block", NO_BLOCK)
+
+
+def _study_node(run: RunRecord) -> dict[str, Any] | None:
+    """The run's ``study:`` node rebuilt from its flattened resolved config (None: no study)."""
+    flat = {k[len("study.") :]: v for k, v in run.config.items() if k.startswith("study.")}
+    if not flat.get("question"):
+        return None
+    node: dict[str, Any] = {"blocks": {}}
+    for key, value in flat.items():
+        if key.startswith("blocks."):
+            node["blocks"][key.split(".", 1)[1]] = str(value)
+        elif key == "primary":
+            node[key] = json.loads(value) if isinstance(value, str) else value
+        else:
+            node[key] = value
+    return node
+
+
+def read_study(sweep: Sweep) -> tuple[StudyConfig | None, list[str]]:
+    """The study the runs declare (one for all of them, blocks aside), or None with a note saying why."""
+    nodes = {}
+    for run in sweep.runs:
+        node = _study_node(run)
+        if node is not None:
+            node = {k: v for k, v in node.items() if k != "block"}
+            nodes.setdefault(json.dumps(node, sort_keys=True), run)
+    if not nodes:
+        return None, []
+    if len(nodes) > 1 or any(r.config and _study_node(r) is None for r in sweep.runs):
+        return None, ["the runs do not declare one study (different `study:` nodes, or runs without one): "
+                      "every comparison is descriptive"]  # fmt: skip
+    text, run = next(iter(nodes.items()))
+    try:
+        return study_from_dict({**json.loads(text), "block": run_block(run)}), []
+    except ConfigError as e:
+        raise SweepDirError(f"{run.run_dir}: config_resolved.yaml: {e}") from e
+
+
+def _diff_signature(values: Sequence[float | None], base: Sequence[float | None]) -> tuple:
+    """What a test sees: the per-pair differences (paired) or both samples (unpaired), rounded to 1e-12
+    so two columns that are the same numbers (success and reward under exact rewards) compare equal."""
+    return tuple(round(float(x), 12) if x is not None and math.isfinite(float(x)) else None for x in [*values, *base])
+
+
 def compare_groups(
     sweep: Sweep,
     runs: pd.DataFrame,
     baseline: str | None,
     window: int = DEFAULT_WINDOW,
     compared: Sequence[tuple[str, str]] = COMPARED,
+    study: StudyConfig | None = None,
 ) -> pd.DataFrame:
-    """Per (group != baseline) x metric of ``COMPARED`` (and the post-event windows relative to the
-    same window of the paired baseline run): difference, CI, p, Holm-adjusted p (across the whole
-    table), n. Pairs by ``pair_key`` (seeds on one side only are left out of the pairs); a group whose
-    runs do not share the baseline's base/prompt settings, or that holds a seed twice, is compared
-    unpaired (Welch) over all its completed runs."""
+    """Per (group != baseline) x metric of ``compared`` (and the post-event windows relative to the
+    same window of the paired baseline run): difference, t interval, sign-flip p, n, and its family.
+
+    ``family``: ``primary`` for a study's primary endpoints (Holm-adjusted p and TOST p within the
+    primary cells of this table, a verdict); ``descriptive`` for every other cell (raw p, no verdict);
+    ``duplicate`` when a cell is the same test as an earlier one of its group (identical numbers,
+    e.g. post-event reward and success under exact rewards): ``duplicate_of`` names it. Pairs by
+    ``pair_key`` (seeds on one side only are left out of the pairs); a group whose runs do not share
+    the baseline's base/prompt settings, or that holds a seed twice, is compared unpaired (Welch)."""
     ok = runs[runs["status"] == "completed"]
     if baseline is None or baseline not in set(ok["group"]):
         return pd.DataFrame()
+    primary = {e.metric: e for e in study.primary} if study is not None else {}
+    metrics = [m for m in primary if m not in dict(compared)] + [m for m, _ in compared]
+    metrics.sort(key=lambda m: m not in primary)  # primaries first: never a duplicate of a descriptive cell
     by_dir = {str(r.run_dir): r for r in sweep.runs if r.run_dir}
     rows_of: dict[str, list[tuple[tuple[str, str], dict]]] = {}
     for _, row in ok.iterrows():
@@ -363,23 +460,53 @@ def compare_groups(
             and len(base) == len(base_rows)
             and len({k[1] for k in members} | {k[1] for k in base}) == 1
         )
-        for metric, _ in compared:
+        cells: list[tuple[str, list, list, bool]] = []
+        for metric in metrics:
             if paired:
-                c = stats.paired_comparison([members[k][metric] for k in shared], [base[k][metric] for k in shared])
+                cells.append((metric, [members[k][metric] for k in shared], [base[k][metric] for k in shared], True))
             else:
-                c = stats.welch_comparison([r[metric] for _, r in member_rows], [r[metric] for _, r in base_rows])
-            out.append({"group": group, "metric": metric, **c.__dict__})
+                cells.append((metric, [r[metric] for _, r in member_rows], [r[metric] for _, r in base_rows], False))
         if paired:
             for metric, col in (("post_reward", "reward/mean"), ("post_success", "success_rate")):
                 pairs = [(by_dir[members[k]["run_dir"]], by_dir[base[k]["run_dir"]]) for k in shared]
                 diffs = [_event_window_diff(run, ref, col, window) for run, ref in pairs]
                 if stats.finite(diffs):
-                    c = stats.paired_comparison(diffs, [0.0] * len(diffs))
-                    out.append({"group": group, "metric": f"{metric}_vs_baseline", **c.__dict__})
+                    cells.append((f"{metric}_vs_baseline", diffs, [0.0] * len(diffs), True))
+        seen: dict[tuple, str] = {}
+        for metric, values, base_values, is_paired in cells:
+            endpoint = primary.get(metric)
+            margin = endpoint.margin if endpoint is not None and endpoint.margin is not None else stats.NAN
+            if is_paired:
+                c = stats.paired_comparison(values, base_values, margin=margin)
+                sig = _diff_signature([a - b if a is not None and b is not None else None
+                                       for a, b in zip(values, base_values)], [])  # fmt: skip
+            else:
+                c = stats.welch_comparison(values, base_values)
+                sig = _diff_signature(values, base_values)
+            family = "primary" if endpoint is not None else "descriptive"
+            duplicate_of = seen.get(sig, "") if c.n else ""
+            if duplicate_of and family != "primary":
+                family = "duplicate"
+            seen.setdefault(sig, metric)
+            out.append({"group": group, "metric": metric, **c.__dict__, "family": family, "duplicate_of": duplicate_of})
     table = pd.DataFrame(out)
     if not table.empty:
-        table["p_holm"] = stats.holm(list(table["p"]))
+        _adjust_and_judge(table, primary)
     return table
+
+
+def _adjust_and_judge(table: pd.DataFrame, primary: dict[str, Endpoint]) -> None:
+    """Holm over the primary cells only (difference p and TOST p, each its own family), then a verdict
+    per primary cell; descriptive and duplicate cells keep nan adjusted p and no verdict."""
+    is_primary = table["family"] == "primary"
+    for col, adj in (("p", "p_holm"), ("p_equiv", "p_equiv_holm")):
+        table[adj] = stats.NAN
+        table.loc[is_primary, adj] = stats.holm(list(table.loc[is_primary, col]))
+    table["verdict"] = ""
+    table["direction"] = ""
+    for i in table.index[is_primary]:
+        table.at[i, "verdict"] = stats.verdict(table.at[i, "p_holm"], table.at[i, "p_equiv_holm"])
+        table.at[i, "direction"] = primary[table.at[i, "metric"]].direction.value
 
 
 def _event_window_diff(run: RunRecord, ref: RunRecord, col: str, w: int = DEFAULT_WINDOW) -> float:
@@ -395,11 +522,15 @@ def _event_window_diff(run: RunRecord, ref: RunRecord, col: str, w: int = DEFAUL
 
 
 def group_table(runs: pd.DataFrame, group_keys: Sequence[str]) -> pd.DataFrame:
-    """Per group: run counts by status and, over completed runs, mean / 95% CI half-width / n per figure."""
+    """Per (seed block, group): run counts by status and, over completed runs, mean / 95% CI
+    half-width / n per figure; ``sweeps``: which directories its runs come from (``1``, ``1+2``)."""
     out = []
-    for group, g in runs.groupby("group", sort=False):
+    blocks = runs["block"] if "block" in runs else pd.Series(NO_BLOCK, index=runs.index)
+    for (block, group), g in runs.groupby([blocks, "group"], sort=False):
         row: dict[str, Any] = {"group": group}
         row.update({k: g[k].iloc[0] for k in group_keys})
+        row["block"] = block
+        row["sweeps"] = "+".join(str(i) for i in sorted(set(g["sweep"]))) if "sweep" in g else "1"
         row["n_runs"] = len(g)
         for s in STATUSES:
             row[f"n_{s}"] = int((g["status"] == s).sum())
@@ -460,17 +591,51 @@ def _runs_cell(row: pd.Series) -> str:
     return ", ".join(parts)
 
 
-def fmt_comparison(c: pd.Series) -> str:
-    """``+0.012 [-0.003, 0.027] p=0.25 (Holm 1) (n=3)``; ``unpaired`` marks Welch."""
+def _sources_cell(row: pd.Series) -> str:
+    return f"[{row.get('sweeps', '1')}]"
+
+
+def _verdict_text(c: pd.Series) -> str:
+    """``different (worse)``, ``equivalent within ±0.03``, ``undecided``; direction from the endpoint."""
+    v = c.get("verdict", "")
+    margin = c.get("margin", stats.NAN)
+    within = f"within ±{fmt_value(margin)}" if math.isfinite(margin) else ""
+    if v == stats.DIFFERENT:
+        better = (c["diff"] > 0) == (c.get("direction") == "higher")
+        text = f"different ({'better' if better else 'worse'})"
+        if math.isfinite(c.get("p_equiv_holm", stats.NAN)) and c["p_equiv_holm"] < stats.ALPHA:
+            text += f", {within}"
+        return text
+    if v == stats.EQUIVALENT:
+        return f"equivalent {within}"
+    return v
+
+
+def fmt_comparison(c: pd.Series, heads: dict[str, str] | None = None) -> str:
+    """``+0.012 [-0.003, 0.027] p=0.25 (Holm 1) (n=3) → undecided`` for a primary cell,
+    ``... p=0.25 (n=3, descriptive)`` for the others; ``unpaired`` marks Welch; a duplicate names
+    the cell it repeats."""
+    family = c.get("family", "descriptive")
+    if family == "duplicate":
+        return f"same test as {(heads or {}).get(c['duplicate_of'], c['duplicate_of'])}"
     if not c["n"] or not math.isfinite(c["diff"]):
         return "–"
     sign = "+" if c["diff"] > 0 else ""
     ci = "" if not math.isfinite(c["lo"]) else f" [{fmt_value(c['lo'])}, {fmt_value(c['hi'])}]"
     p = "" if not math.isfinite(c["p"]) else f" p={c['p']:.2g}"
-    if math.isfinite(c["p_holm"]):
+    if math.isfinite(c.get("p_holm", stats.NAN)):
         p += f" (Holm {c['p_holm']:.2g})"
     kind = "" if c["paired"] else ", unpaired"
-    return f"{sign}{fmt_value(c['diff'])}{ci}{p} (n={int(c['n'])}{kind})"
+    if family == "primary":
+        return f"{sign}{fmt_value(c['diff'])}{ci}{p} (n={int(c['n'])}{kind}) → {_verdict_text(c)}"
+    return f"{sign}{fmt_value(c['diff'])}{ci}{p} (n={int(c['n'])}{kind}, descriptive)"
+
+
+def _comparison_heads(compared: Sequence[tuple[str, str]], k: int | None) -> dict[str, str]:
+    heading = {m: h for m, h, _ in METRICS}
+    heads = {m: "Δ " + heading[m] for m in METRIC_NAMES} | dict(compared)
+    heads |= {"post_reward_vs_baseline": "Δ post-event reward", "post_success_vs_baseline": "Δ post-event success"}
+    return {m: h.replace("pass@k", f"pass@{k}" if k else "pass@k") for m, h in heads.items()}
 
 
 def comparison_markdown(
@@ -479,33 +644,86 @@ def comparison_markdown(
     k: int | None,
     window: int = DEFAULT_WINDOW,
     compared: Sequence[tuple[str, str]] = COMPARED,
+    baseline_source: str = "",
+    study: StudyConfig | None = None,
 ) -> str:
     if comparisons.empty:
         return ""
-    heads = dict(compared) | {
-        "post_reward_vs_baseline": "Δ post-event reward",
-        "post_success_vs_baseline": "Δ post-event success",
-    }
-    metrics = [m for m in heads if m in set(comparisons["metric"])]
+    heads = _comparison_heads(compared, k)
+    metrics = list(dict.fromkeys(m for m in comparisons["metric"] if m in heads))
     body = []
     for group, g in comparisons.groupby("group", sort=False):
-        cells = {r["metric"]: fmt_comparison(r) for _, r in g.iterrows()}
+        cells = {r["metric"]: fmt_comparison(r, heads) for _, r in g.iterrows()}
         body.append([group] + [cells.get(m, "–") for m in metrics])
-    header = ["group"] + [heads[m].replace("pass@k", f"pass@{k}" if k else "pass@k") for m in metrics]
+    family = (
+        f"Primary cells (the study's endpoints {', '.join(e.metric for e in study.primary)} × arms) carry a Holm "
+        "adjustment across the primary cells of this table and a verdict; every other cell is descriptive "
+        "(unadjusted p, no conclusion)."
+        if study is not None
+        else "No study applies to these comparisons (none declared, or see the notes): every cell is "
+        "descriptive (unadjusted p, no conclusion; docs/studies.md)."
+    )
     return "\n".join(
         [
-            f"### Paired differences vs baseline `{baseline}`",
+            f"### Paired differences vs baseline `{baseline}`{baseline_source}",
             "",
-            "Cells: group − baseline, mean of per-seed differences [95% percentile-bootstrap CI], exact "
-            "sign-flip p and its Holm adjustment across every cell of this table, n pairs. "
-            "Runs pair by seed when they share the base policy and prompt stream; otherwise `unpaired` "
-            "(Welch t interval and p). Post-event: the "
+            "Cells: group − baseline, mean of per-seed differences [95% Student t interval], exact "
+            f"sign-flip p, n pairs. {family} Runs pair by seed when they share the base policy and prompt "
+            "stream; otherwise `unpaired` (Welch t interval and p). A cell with the same numbers as an "
+            "earlier one is the same test and says so. Post-event: the "
             f"W={window} steps after each reset/growth minus the same steps of the paired baseline run.",
             "",
-            markdown_table(header, body),
+            markdown_table(["group"] + [heads[m] for m in metrics], body),
             "",
         ]
     )
+
+
+def _seeds_text(study: StudyConfig, block: str) -> str:
+    seeds = study.seeds(block)
+    contiguous = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+    return f"seeds {seeds[0]}–{seeds[-1]}" if contiguous and len(seeds) > 2 else f"seeds {', '.join(map(str, seeds))}"
+
+
+def study_markdown(study: StudyConfig, comparisons: pd.DataFrame, k: int | None) -> str:
+    """The study's question and, per primary endpoint × arm, each block's effect and verdict; with two
+    blocks, whether the explore conclusion replicated on the confirm seeds (``stats.replication``)."""
+    heads = _comparison_heads(COMPARED, k)
+    prim = comparisons[comparisons["family"] == "primary"] if not comparisons.empty else comparisons
+    endpoints = "; ".join(
+        f"`{e.metric}` ({e.direction.value} is better, "
+        + (f"equivalence margin ±{fmt_value(e.margin)})" if e.margin is not None else "no equivalence margin)")
+        for e in study.primary
+    )
+    blocks = [b for b in REQUIRED_BLOCKS if not prim.empty and b in set(prim["block"])]
+    lines = [
+        f"### Study: {study.question}",
+        "",
+        f"Primary endpoints: {endpoints}. Baseline: `{study.baseline}`. Blocks: "
+        + ", ".join(f"{b} ({_seeds_text(study, b)})" for b in sorted(study.blocks, key=_block_rank))
+        + f". Verdicts at family-wise α = {stats.ALPHA} (Holm over primary endpoints × arms, per block); "
+        "`replicated` is defined in docs/studies.md.",
+        "",
+    ]
+    if prim.empty:
+        return "\n".join(lines + ["No primary comparison could be made (no completed baseline runs).", ""])
+    header = ["group", "endpoint"] + [f"{b}: Δ [95% CI] p (Holm) → verdict" for b in blocks]
+    if len(blocks) == 2:
+        header.append("replication")
+    body = []
+    for (group, metric), g in prim.groupby(["group", "metric"], sort=False):
+        cell = {r["block"]: r for _, r in g.iterrows()}
+        row = [group, heads.get(metric, metric)]
+        row += [fmt_comparison(cell[b], heads) if b in cell else "–" for b in blocks]
+        if len(blocks) == 2:
+            e, c = cell.get(blocks[0]), cell.get(blocks[1])
+            row.append(
+                stats.replication(e["verdict"], e["diff"], c["verdict"], c["diff"])
+                if e is not None and c is not None
+                else "–"
+            )
+        body.append(row)
+    return "\n".join(lines + [markdown_table(header, body), ""])
 
 
 def event_markdown(groups: pd.DataFrame, window: int = DEFAULT_WINDOW) -> str:
@@ -532,6 +750,26 @@ def event_markdown(groups: pd.DataFrame, window: int = DEFAULT_WINDOW) -> str:
     )
 
 
+def _group_rows(groups: pd.DataFrame, columns: Sequence[str], several_dirs: bool) -> list[list[str]]:
+    body = []
+    for _, g in groups.iterrows():
+        cells = [g["group"]] + ([_sources_cell(g)] if several_dirs else []) + [_runs_cell(g)]
+        for c in columns:
+            cell = fmt_mean_ci(g[f"{c}_mean"], g[f"{c}_ci95"], int(g[f"{c}_n"]))
+            if c == "steps_to_threshold" and g["n_completed"]:
+                cell += f" ({int(g[f'{c}_n'])}/{g['n_completed']} reached)"
+            cells.append(cell)
+        body.append(cells)
+    return body
+
+
+def _heading(sweep: Sweep) -> list[str]:
+    dirs = sweep.dirs if isinstance(sweep, Sweeps) else [sweep.sweep_dir]
+    if len(dirs) == 1:
+        return [f"## Sweep {dirs[0]}"]
+    return [f"## Sweeps compared ({len(dirs)} directories)", ""] + [f"- [{i + 1}] {d}" for i, d in enumerate(dirs)]
+
+
 def markdown_report(
     sweep: Sweep,
     runs: pd.DataFrame,
@@ -543,43 +781,50 @@ def markdown_report(
     baseline: str | None = None,
     notes: Sequence[str] = (),
     compared: Sequence[tuple[str, str]] = COMPARED,
+    study: StudyConfig | None = None,
+    baseline_source: dict[str, str] | None = None,
 ) -> str:
-    """The comparison table (mean ± 95% CI over completed seeds, with n), the paired differences
-    against the baseline group, post-event diagnostics, and the list of all runs."""
+    """The heading (every directory), per seed block: the comparison table (mean ± 95% CI over
+    completed seeds, with n), the paired differences against the baseline group and the post-event
+    diagnostics; then the study's verdicts (both blocks side by side) and the list of all runs."""
     k = max((_largest_k(r.validation) or 0 for r in sweep.runs), default=0) or None
     heading = {m: h.replace("pass@k", f"pass@{k}") if k else h for m, h, _ in METRICS}
-    header = ["group", "runs"] + [heading[c] for c in columns]
-    body = []
-    for _, g in groups.iterrows():
-        cells = [g["group"], _runs_cell(g)]
-        for c in columns:
-            cell = fmt_mean_ci(g[f"{c}_mean"], g[f"{c}_ci95"], int(g[f"{c}_n"]))
-            if c == "steps_to_threshold" and g["n_completed"]:
-                cell += f" ({int(g[f'{c}_n'])}/{g['n_completed']} reached)"
-            cells.append(cell)
-        body.append(cells)
+    several_dirs = isinstance(sweep, Sweeps) and len(sweep.dirs) > 1
+    header = ["group"] + (["sweep"] if several_dirs else []) + ["runs"] + [heading[c] for c in columns]
+    comparisons = comparisons if comparisons is not None else pd.DataFrame()
     fixed = ", ".join(f"{k}={v}" for k, v in sweep.fixed.items()) or "none"
     n_bad = int((runs["status"] != "completed").sum())
+    blocks = list(dict.fromkeys(groups["block"])) if "block" in groups else [NO_BLOCK]
     parts = [
-        f"## Sweep {sweep.sweep_dir}",
+        *_heading(sweep),
         "",
         f"Grouped by: {', '.join(sweep.group_keys) or '(nothing varies but the seed)'}; fixed: {fixed}.",
         f"Cells: mean ± 95% CI half-width (Student t, over completed seeds; n = ok runs). "
         f"Threshold: trailing {window}-step mean reward ≥ {threshold}.",
         "",
-        markdown_table(header, body),
-        "",
         *[f"Note: {n}." for n in notes],
-        comparison_markdown(
-            comparisons if comparisons is not None else pd.DataFrame(), baseline, k, window, compared
-        ),
-        event_markdown(groups, window),
-        f"### Runs ({len(runs)} total, {n_bad} not completed)",
         "",
     ]
+    for block in blocks:
+        g = groups[groups["block"] == block] if "block" in groups else groups
+        if len(blocks) > 1 or block != NO_BLOCK:
+            seeds = f" ({_seeds_text(study, block)})" if study is not None and block in study.blocks else ""
+            parts += [f"### Block `{block}`{seeds}", ""]
+        parts += [markdown_table(header, _group_rows(g, columns, several_dirs)), ""]
+        c = comparisons
+        if not c.empty and "block" in c:
+            c = c[c["block"] == block]
+        source = (baseline_source or {}).get(block, "")
+        parts.append(comparison_markdown(c, baseline, k, window, compared, source, study))
+        parts.append(event_markdown(g, window))
+    if study is not None:
+        parts.append(study_markdown(study, comparisons, k))
+    parts += [f"### Runs ({len(runs)} total, {n_bad} not completed)", ""]
+    by_block = len(blocks) > 1
     run_rows = [
         [
             r["group"],
+            *([r["block"]] if by_block else []),
             r["seed"],
             r["status"],
             int(r["steps_logged"]),
@@ -589,7 +834,16 @@ def markdown_report(
         ]
         for _, r in runs.iterrows()
     ]
-    run_header = ["group", "seed", "status", "steps", "success (last 10%)", "ms/step", "error"]
+    run_header = [
+        "group",
+        *(["block"] if by_block else []),
+        "seed",
+        "status",
+        "steps",
+        "success (last 10%)",
+        "ms/step",
+        "error",
+    ]
     parts.append(markdown_table(run_header, run_rows))
     return "\n".join(parts) + "\n"
 
@@ -605,19 +859,79 @@ class AggregateResult:
     markdown: str
     out_dir: Path
     figures: list[Path]
+    comparisons: pd.DataFrame = field(default_factory=pd.DataFrame)
+    study: StudyConfig | None = None
 
 
-def load_sweeps(sweep_dirs: Sequence[str | Path]) -> Sweep:
-    """One sweep, or several merged into one (groups recomputed over all runs; runs whose settings
-    differ under one label are split, never pooled)."""
+def load_sweeps(sweep_dirs: Sequence[str | Path]) -> Sweeps:
+    """One sweep, or several read together. Each run keeps the label its own sweep gives it (so a key
+    only another sweep varies never appears empty in a label); the group keys are the union of every
+    sweep's varied keys; a key is fixed when every sweep fixes it to the same value. Runs whose
+    settings differ under one label are split later (``split_inconsistent_groups``), never pooled."""
     sweeps = [load_sweep(d) for d in sweep_dirs]
-    if len(sweeps) == 1:
-        return sweeps[0]
-    from prorl_bench.sweepdir import _group_keys
-
     runs = [r for sw in sweeps for r in sw.runs]
-    group_keys, fixed = _group_keys(runs)
-    return Sweep(sweeps[0].sweep_dir, runs, group_keys, fixed)
+    keys = list(dict.fromkeys(k for sw in sweeps for k in sw.group_keys))
+    fixed = {
+        k: v for k, v in sweeps[0].fixed.items() if k not in keys and all(sw.fixed.get(k) == v for sw in sweeps[1:])
+    }
+    origin = {id(r): i for i, sw in enumerate(sweeps) for r in sw.runs}
+    label = {id(r): group_label(sw, r) for sw in sweeps for r in sw.runs} if len(sweeps) > 1 else {}
+    return Sweeps(sweeps[0].sweep_dir, runs, keys, fixed, [sw.sweep_dir for sw in sweeps], origin, label)
+
+
+def find_group(label: str, sweep: Sweep, names: Sequence[str]) -> str | None:
+    """The group a baseline label names, also when the grid was narrowed on the command line: the
+    study's ``factor=1.0, step=keep`` is the group ``1.0`` of a sweep run with ``opt_reset.step=keep``
+    (every ``key=value`` of the label must hold for the group's runs; keys as labels shorten them)."""
+    if label in names:
+        return label
+    if "=" not in label:
+        return None
+    pairs = dict(part.split("=", 1) for part in label.split(", ") if "=" in part)
+    for name in names:
+        members = [r for r in sweep.runs if group_label(sweep, r) == name]
+        short = [{k.split(".")[-1]: v for k, v in r.overrides.items()} for r in members]
+        if members and all(all(o.get(k) == v for k, v in pairs.items()) for o in short):
+            return name
+    return None
+
+
+def choose_baseline(
+    sweep: Sweeps, names: Sequence[str], requested: str | None, strict: bool, study: StudyConfig | None
+) -> tuple[str | None, StudyConfig | None, list[str]]:
+    """(baseline group, the study if its primary family still applies, notes).
+
+    Order: ``--baseline`` (or the grid's callback setting), else the study's declared baseline, else
+    A1 / keep, else the first group. A baseline other than the study's makes every cell descriptive.
+    With several directories the fallback "first group" is refused (it would be an arbitrary pick
+    from one of them): name the baseline with ``--baseline``."""
+    notes: list[str] = []
+    if requested is not None and requested not in names:
+        if strict:
+            raise SweepDirError(f"--baseline {requested!r} is not a group of this sweep; groups: {list(names)}")
+        notes.append(f"baseline {requested!r} (from the grid's config) is not a group here; using the default")
+        requested = None
+    if study is not None:
+        if requested is not None and requested != find_group(study.baseline, sweep, names):
+            notes.append(
+                f"baseline {requested!r} is not the study's declared `{study.baseline}`: every cell is descriptive"
+            )
+            study = None
+        elif (found := find_group(study.baseline, sweep, names)) is None:
+            notes.append(f"the study's baseline `{study.baseline}` is not a group here: every cell is descriptive")
+            study = None
+        else:
+            if found != study.baseline:
+                notes.append(f"the study's baseline `{study.baseline}` is the group `{found}` here")
+            requested = found
+    if requested is not None:
+        return requested, study, notes
+    chosen = default_baseline(names)
+    if len(sweep.dirs) > 1 and len(names) > 1 and chosen not in ("A1", "keep"):
+        raise SweepDirError(
+            f"{len(sweep.dirs)} sweeps and no group named A1 or keep: pass --baseline GROUP (groups: {list(names)})"
+        )
+    return chosen, study, notes
 
 
 def aggregate(
@@ -631,26 +945,36 @@ def aggregate(
 ) -> AggregateResult:
     """Load a sweep (or several), write ``runs.csv``, ``groups.csv``, ``comparisons.csv``,
     ``table.md`` and the figures into ``out_dir`` (default ``SWEEP_DIR/aggregate`` of the first),
-    and return everything. ``baseline``: the group others are compared with (default: A1, keep, or
-    the first group)."""
+    and return everything. ``baseline``: the group others are compared with (default: the study's,
+    else A1, keep, or the first group of a single sweep)."""
     dirs = [sweep_dir] if isinstance(sweep_dir, (str, Path)) else list(sweep_dir)
     sweep = load_sweeps(dirs)
     notes = split_inconsistent_groups(sweep)
+    study, study_notes = read_study(sweep)
+    notes += study_notes
     runs = run_table(sweep, threshold, window)
     groups = group_table(runs, sweep.group_keys)
-    names = list(groups["group"])
-    if baseline is not None and baseline not in names:
-        if strict_baseline:
-            raise SweepDirError(f"--baseline {baseline!r} is not a group of this sweep; groups: {names}")
-        notes.append(f"baseline {baseline!r} (from the grid's config) is not a group here; using the default")
-        baseline = None
-    baseline = baseline or default_baseline(names)
+    names = list(dict.fromkeys(groups["group"]))
+    baseline, study, baseline_notes = choose_baseline(sweep, names, baseline, strict_baseline, study)
+    notes += baseline_notes
+    source = {}  # block -> where its baseline runs come from, when several directories are read
+    if len(sweep.dirs) > 1:
+        for block in dict.fromkeys(runs["block"]):
+            base_dirs = set(runs.loc[(runs["block"] == block) & (runs["group"] == baseline), "run_dir"])
+            base_runs = [r for r in sweep.runs if r.group == baseline and str(r.run_dir) in base_dirs]
+            source[block] = f" (from sweep {sweep.sources(base_runs)})" if base_runs else ""
     routed = [m for m in ROUTE_METRICS if m in runs and runs[m].notna().any()]
     compared = COMPARED + [(m, "Δ " + dict((x, h) for x, h, _ in METRICS)[m]) for m in routed]
-    comparisons = compare_groups(sweep, runs, baseline, window, compared)
+    per_block = []
+    for block in dict.fromkeys(runs["block"]):
+        c = compare_groups(sweep, runs[runs["block"] == block], baseline, window, compared, study)
+        if not c.empty:
+            c.insert(0, "block", block)
+            per_block.append(c)
+    comparisons = pd.concat(per_block, ignore_index=True) if per_block else pd.DataFrame()
     md = markdown_report(
         sweep, runs, groups, threshold, window, columns=PRINTED + routed, comparisons=comparisons,
-        baseline=baseline, notes=notes, compared=compared,
+        baseline=baseline, notes=notes, compared=compared, study=study, baseline_source=source,
     )  # fmt: skip
     out = Path(out_dir) if out_dir else sweep.sweep_dir / OUT_SUBDIR
     out.mkdir(parents=True, exist_ok=True)
@@ -663,7 +987,7 @@ def aggregate(
         from prorl_bench.plots import write_figures  # seaborn/matplotlib only when drawing
 
         paths = write_figures(sweep, runs, out, window=window, baseline=baseline)
-    return AggregateResult(sweep, runs, groups, md, out, paths)
+    return AggregateResult(sweep, runs, groups, md, out, paths, comparisons, study)
 
 
 def print_result(res: AggregateResult, stream=None) -> None:

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from prorl_bench import registry
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import register_resolvers
+from prorl_bench.study import StudyConfig
 
 __all__ = ["ConfigError", "Config", "to_config", "register_configs"]
 
@@ -696,7 +697,7 @@ class EvalConfig:
     n_samples: int = 16  # samples per held-out prompt (pass@k needs k <= n_samples)
     # k values of val/pass@k (Chen et al. 2021 unbiased estimator)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    n_sample_prompts: int = 8  # prompts written with all their samples to samples.jsonl
+    n_sample_prompts: int = 8  # prompts written with their samples to samples.jsonl (base and final step: all)
     batch: int = 512  # sequences generated per call during evaluation (memory vs speed)
     at_start: bool = True  # evaluate the base policy at step 0 (every run carries its own "before")
 
@@ -735,9 +736,11 @@ class Config:
     progress: bool = True  # terminal progress bar (single runs only)
     run_dir: str | None = None  # None: Hydra's output directory
     export: ExportConfig = field(default_factory=ExportConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)  # a study grid's question and seed blocks (docs/studies.md)
 
     def __post_init__(self) -> None:
         _reject_nonfinite(self)
+        self.study.check_seed(self.seed)  # a confirm-block run on explore seeds would be mislabelled
         _require(self.steps >= 1, "steps", self.steps, ">= 1")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
         # derived generators multiply the seed (evaluation: seed * 1_000_003 + step; rank growth:

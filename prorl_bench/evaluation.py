@@ -15,8 +15,16 @@
 * ``val/by_difficulty/<label>/success`` and ``.../pass@{k_max}``: the same per difficulty label the
   task gives each problem (input length for the digit tasks, the generator for reasoning-gym).
 
-and returns the ``samples.jsonl`` rows for the first ``n_sample_prompts`` prompts (prompt, target,
-difficulty, every sample with its reward, the greedy completion) so a person can read what changed.
+and returns the ``samples.jsonl`` rows (prompt, target, difficulty, every sample with its reward and
+success, the greedy completion) so a person can read what changed. How many prompts: ``prompts_to_write``
+— every held-out prompt at the base evaluation (step 0) and at the final step, so pass@k, success and
+the per-difficulty figures of those rows can be recomputed from ``samples.jsonl`` alone (tested to
+1e-9); the first ``eval.n_sample_prompts`` in between (the file stays small on long runs).
+
+The base evaluation is *per run*: the base weights are the same in every run of a sweep (the warm-up
+is seeded by ``warmup.seed``), but its samples are drawn with the run's own generator (seed
+``run seed * 1_000_003 + step``), so the base's pass@k differs between seeds by sampling noise alone
+(pass@16 0.633-0.742 over seeds 8-15 on 128 prompts). Compare a run with its own base, or average bases.
 """
 
 from __future__ import annotations
@@ -31,6 +39,12 @@ from prorl_bench.passk import distinct_per_prompt, mean_pass_at_k
 from prorl_bench.rollout import Rollout, generate, token_logprobs
 from prorl_bench.tasks import Problem, Task
 from prorl_bench.tokenizers import CharTokenizer
+
+
+def prompts_to_write(step: int, final_step: int, n_prompts: int, n_sample_prompts: int) -> int:
+    """How many held-out prompts ``samples.jsonl`` keeps at ``step``: all of them at the base (step 0)
+    and at the final step (pass@k auditable from the file), ``n_sample_prompts`` otherwise."""
+    return n_prompts if step in (0, final_step) else min(n_sample_prompts, n_prompts)
 
 
 def completions(tok: CharTokenizer, batch: Rollout) -> list[str]:

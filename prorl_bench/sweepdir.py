@@ -179,7 +179,13 @@ def expected_jobs(sweep_dir: Path) -> list[dict[str, str]] | None:
     sweeper = hydra_cfg.get("sweeper", {})
     if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
-    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    try:  # multirun.yaml is saved unresolved: a study's seed block is ${study.blocks.${study.block}}
+        from omegaconf import OmegaConf
+
+        resolved = OmegaConf.to_container(OmegaConf.create(cfg).hydra.sweeper.params, resolve=True) or {}
+    except Exception:  # an interpolation this reader cannot resolve: skip the missing-job check
+        return None
+    params = [f"{k}={v}" for k, v in resolved.items()]
     task = list(hydra_cfg.get("overrides", {}).get("task", []))
     try:
         parsed = OverridesParser.create().parse_overrides(params + task)

@@ -39,7 +39,7 @@ from prorl_bench.config import (
 )
 from prorl_bench.detectors import build_detector
 from prorl_bench.dual_lora import attach_dual_lora, route_rows
-from prorl_bench.evaluation import completions, score_details, validate
+from prorl_bench.evaluation import completions, prompts_to_write, score_details, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.kl import k2_ref_over_old, kl_per_token
@@ -355,7 +355,8 @@ def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, v
     e = cfg.eval
     v, samples = validate(
         policy, task, tok, val_problems, temperature=cfg.algo.temperature, banned=banned, generator=vgen,
-        device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
+        device=device, n_samples=e.n_samples, ks=e.ks, chunk=e.batch,
+        n_sample_prompts=prompts_to_write(step, cfg.steps, len(val_problems), e.n_sample_prompts),
     )  # fmt: skip
     if wants_route_eval(task, cfg.adapter.kind.value):
         rgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step + 500_000)

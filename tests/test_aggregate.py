@@ -230,7 +230,7 @@ def test_paired_difference_finds_what_an_unpaired_interval_hides(tmp_path):
     assert c["paired"] and c["n"] == 6
     assert c["diff"] == pytest.approx(0.01) and c["lo"] == pytest.approx(0.01) and c["hi"] == pytest.approx(0.01)
     assert c["p"] == pytest.approx(2 / 64)
-    assert "vs baseline `A1`" in res.markdown and "(n=6)" in res.markdown
+    assert "vs baseline `A1`" in res.markdown and "(n=6, descriptive)" in res.markdown
     welch = agg.stats.welch_comparison([x + 0.01 for x in seed_level], seed_level)
     assert welch.p > 0.9  # the same data, unpaired
 
@@ -296,8 +296,12 @@ def test_sweeps_with_different_fixed_settings_are_never_pooled(tmp_path):
                 tmp_path / sweep, ["variant=A1", f"seed={seed}"], metrics=metric_rows([0.5] * 4), summary=OK,
                 config=_cfg(seed, steps=steps),
             )  # fmt: skip
-    res = agg.aggregate([tmp_path / "s100", tmp_path / "s150"], out_dir=tmp_path / "out", figures=False)
+    dirs = [tmp_path / "s100", tmp_path / "s150"]
+    with pytest.raises(SweepDirError, match="pass --baseline"):  # two candidates, one from each sweep
+        agg.aggregate(dirs, out_dir=tmp_path / "out", figures=False)
+    res = agg.aggregate(dirs, out_dir=tmp_path / "out", figures=False, baseline="all [steps=150]")
     assert set(res.groups["group"]) == {"all [steps=100]", "all [steps=150]"}
+    assert "vs baseline `all [steps=150]` (from sweep [2])" in res.markdown
     assert "differ in steps" in res.markdown
     # identical settings do pool: 4 seeds in one group
     pooled = agg.aggregate([tmp_path / "s100", tmp_path / "s100"], out_dir=tmp_path / "out2", figures=False)
@@ -308,3 +312,155 @@ def test_unknown_baseline_is_an_error(tmp_path):
     write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.5] * 4), summary=OK)
     with pytest.raises(SweepDirError, match="--baseline 'Z'"):
         agg.aggregate(tmp_path, figures=False, baseline="Z")
+
+
+# ------------------------------------------------------------------ studies: primary family, verdicts, blocks
+
+STUDY = {
+    "question": "Does the transform change success?",
+    "primary": [{"metric": "success_final", "direction": "higher", "margin": 0.03}],
+    "baseline": "keep",
+    "blocks": {"explore": "range(0,8)", "confirm": "range(8,16)"},
+}
+
+
+def _write_study_sweep(d, seeds, effects, block):
+    """opt_reset arms keep (baseline) and others; effects[arm](seed) is added to a seed level from
+    step 6 on (so reward AUC and final success differ); one reset at step 4 in every run, so the
+    post-event reward and success windows exist (and are equal)."""
+    events = [{"step": 4, "event": "reset", "reason": "periodic"}]
+    for seed in seeds:
+        level = 0.3 + 0.05 * (seed % 7)
+        for arm, effect in effects.items():
+            cfg = {**_cfg(seed), "study": {**STUDY, "block": block}}
+            write_run(
+                d, [f"opt_reset={arm}", f"seed={seed}"] + ([f"study.block={block}"] if block != "explore" else []),
+                metrics=metric_rows([level] * 5 + [level + effect(seed)] * 5), events=events, summary=OK, config=cfg,
+            )  # fmt: skip
+
+
+def test_study_family_is_primary_by_arms_and_the_rest_is_descriptive(tmp_path):
+    """8 seeds; hard is 0.1 worse on every seed, soft within ±0.005 of keep. Holm over primary x arms
+    (2 cells) leaves hard's exact p 2/256 at 2 x 2/256 < 0.05: different. Holm over every cell (the
+    old family, 12 cells here) would give 12 x 2/256 = 0.094: nothing could be significant."""
+    effects = {"keep": lambda s: 0.0, "hard": lambda s: -0.1, "soft": lambda s: 0.005 * (-1) ** s}
+    _write_study_sweep(tmp_path, range(8), effects, "explore")
+    res = agg.aggregate(tmp_path, figures=False)
+    cmp = res_comparisons(res)
+    hard, soft = cmp[("hard", "success_final")], cmp[("soft", "success_final")]
+    assert hard["family"] == soft["family"] == "primary"
+    assert hard["p"] == pytest.approx(2 / 256) and hard["p_holm"] == pytest.approx(2 * 2 / 256)
+    assert hard["verdict"] == "different" and soft["verdict"] == "equivalent"
+    assert soft["p_equiv"] < 0.05 and soft["p_holm"] == pytest.approx(1.0)
+    auc = cmp[("hard", "reward_auc")]
+    assert auc["family"] == "descriptive" and math.isnan(auc["p_holm"]) and not isinstance(auc["verdict"], str)
+    # post-event reward and success are the same numbers under exact rewards: one test, said so
+    assert cmp[("hard", "post_reward_vs_baseline")]["family"] == "descriptive"
+    dup = cmp[("hard", "post_success_vs_baseline")]
+    assert dup["family"] == "duplicate" and dup["duplicate_of"] == "post_reward_vs_baseline"
+    md = res.markdown
+    assert "### Study: Does the transform change success?" in md and "explore (seeds 0–7)" in md
+    assert "→ different (worse)" in md and "→ equivalent within ±0.03" in md
+    assert "same test as Δ post-event reward" in md and "(n=8, descriptive)" in md
+    assert "no difference" not in md.lower()
+
+
+def test_confirm_block_side_by_side_with_replication(tmp_path, capsys):
+    """Explore (seeds 0-7) and confirm (8-15) in two directories: hard's loss replicates; soft's
+    equivalence does not (on the confirm seeds half of them lose 0.1)."""
+    explore, confirm = tmp_path / "explore", tmp_path / "confirm"
+    _write_study_sweep(
+        explore,
+        range(8),
+        {"keep": lambda s: 0.0, "hard": lambda s: -0.1, "soft": lambda s: 0.005 * (-1) ** s},
+        "explore",
+    )
+    _write_study_sweep(
+        confirm,
+        range(8, 16),
+        {"keep": lambda s: 0.0, "hard": lambda s: -0.08, "soft": lambda s: -0.1 * (s % 2)},
+        "confirm",
+    )
+    assert agg.main([str(explore), str(confirm), "--no-figures", "--out", str(tmp_path / "out")]) == 0
+    md = capsys.readouterr().out
+    assert f"[1] {explore}" in md and f"[2] {confirm}" in md  # the heading names every directory
+    assert "vs baseline `keep` (from sweep [1])" in md and "vs baseline `keep` (from sweep [2])" in md
+    assert "### Block `explore` (seeds 0–7)" in md and "### Block `confirm` (seeds 8–15)" in md
+    study = md[md.index("### Study:") :]
+    rows = {line.split("|")[1].strip(): line for line in study.splitlines() if "| Δ success |" in line}
+    assert rows["hard"].rstrip(" |").endswith("| replicated")
+    assert rows["soft"].rstrip(" |").endswith("| not replicated")
+    groups = pd.read_csv(tmp_path / "out" / "groups.csv")
+    assert sorted(zip(groups["block"], groups["group"])) == sorted(
+        (b, g) for b in ("explore", "confirm") for g in ("keep", "hard", "soft")
+    )
+    cmp = pd.read_csv(tmp_path / "out" / "comparisons.csv")
+    assert set(cmp["block"]) == {"explore", "confirm"}
+    # a Holm family per block: 2 primary cells in each
+    assert (cmp[cmp["family"] == "primary"].groupby("block").size() == 2).all()
+
+
+def test_two_sweeps_labels_show_effective_settings_and_the_baseline_source(tmp_path):
+    """Issue 25.7: one sweep varies +arm, the other variant. Labels come from each run's own sweep
+    (no `arm=, variant=A1` with an empty key); A1 runs with equal settings from both pool (sources
+    [1+2]); the heading names both directories and where the baseline comes from."""
+    s1, s2 = tmp_path / "s1", tmp_path / "s2"
+    for seed in range(2):
+        for arm in ("A1", "C"):
+            write_run(s1, [f"+arm={arm}", f"seed={seed}", "steps=12"], metrics=metric_rows([0.5] * 4), summary=OK,
+                      config=_cfg(seed, variant=arm))  # fmt: skip
+        for arm in ("A1", "B"):
+            write_run(s2, [f"variant={arm}", f"seed={seed + 2}"], metrics=metric_rows([0.6] * 4), summary=OK,
+                      config=_cfg(seed + 2, variant=arm))  # fmt: skip
+    res = agg.aggregate([s1, s2], out_dir=tmp_path / "out", figures=False)
+    groups = res.groups.set_index("group")
+    assert set(groups.index) == {"A1", "B", "C"}
+    assert groups.loc["A1", "sweeps"] == "1+2" and groups.loc["B", "sweeps"] == "2"
+    assert "=," not in res.markdown and "=]" not in res.markdown
+    assert f"[1] {s1.resolve()}" in res.markdown and f"[2] {s2.resolve()}" in res.markdown
+    assert "vs baseline `A1` (from sweep [1+2])" in res.markdown
+
+
+def test_a_narrowed_study_grid_still_finds_its_declared_baseline(tmp_path):
+    """adam_step_hazard run with opt_reset.step=keep on the command line: only the factor varies, so
+    the groups are `0.0` and `1.0`; the declared baseline `factor=1.0, step=keep` is the group `1.0`."""
+    study = {**STUDY, "baseline": "factor=1.0, step=keep"}
+    for seed in range(3):
+        for factor, level in (("0.0", 0.2), ("1.0", 0.5)):
+            write_run(
+                tmp_path, [f"opt_reset.factor={factor}", "opt_reset.step=keep", f"seed={seed}"],
+                metrics=metric_rows([level] * 4), summary=OK, config={**_cfg(seed), "study": study},
+            )  # fmt: skip
+    res = agg.aggregate(tmp_path, figures=False)
+    assert "vs baseline `1.0`" in res.markdown and "is the group `1.0` here" in res.markdown
+    cmp = res.comparisons.set_index(["group", "metric"])  # (the CSV would read the label 0.0 as a float)
+    assert cmp.loc[("0.0", "success_final"), "family"] == "primary"
+    with pytest.raises(SweepDirError, match="--baseline 'Z'"):
+        agg.aggregate(tmp_path, figures=False, baseline="Z")
+    # another baseline than the declared one: the comparisons are descriptive, and the report says why
+    res = agg.aggregate(tmp_path, figures=False, baseline="0.0")
+    assert "is not the study's declared" in res.markdown
+    assert res.comparisons.set_index(["group", "metric"]).loc[("1.0", "success_final"), "family"] == "descriptive"
+
+
+def test_missing_jobs_of_a_study_block_are_listed(tmp_path):
+    """multirun.yaml keeps the grid's seed parameter unresolved (${study.blocks.${study.block}}): the
+    reader resolves it, so a confirm job that never started shows as missing instead of vanishing."""
+    import yaml
+
+    study = {**STUDY, "blocks": {"explore": "0,1", "confirm": "2,3"}, "block": "confirm"}
+    params = {"opt_reset": "keep,hard", "seed": "${study.blocks.${study.block}}"}
+    multirun = {
+        "study": study,
+        "hydra": {
+            "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": params},
+            "overrides": {"task": ["study.block=confirm"]},
+        },
+    }
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    for arm, seed in (("keep", 2), ("keep", 3), ("hard", 2)):
+        write_run(tmp_path, [f"opt_reset={arm}", f"seed={seed}", "study.block=confirm"], metrics=metric_rows([0.5] * 4),
+                  summary=OK, config={**_cfg(seed), "study": study})  # fmt: skip
+    runs = agg.aggregate(tmp_path, figures=False).runs.set_index(["group", "seed"])
+    assert runs.loc[("hard", "3"), "status"] == "missing" and runs.loc[("hard", "3"), "block"] == "confirm"
+    assert len(runs) == 4

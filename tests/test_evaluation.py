@@ -68,11 +68,40 @@ def test_validation_rows_samples_and_the_base_at_step_0(run_exp):
         labels = {k.split("/")[2] for k in v if k.startswith("val/by_difficulty/")}
         assert labels == {"len3", "len4", "len5"}  # reverse_digits' default lengths 3..5
     samples = read_jsonl(d / "samples.jsonl")
-    assert [s["step"] for s in samples] == [0] * 3 + [3] * 3 + [6] * 3
+    # every held-out prompt (task.val_size=16) at the base and the final step; eval.n_sample_prompts between
+    assert [s["step"] for s in samples] == [0] * 16 + [3] * 3 + [6] * 16
     s = samples[0]
     assert len(s["samples"]) == 4 and s["difficulty"] == f"len{len(s['target'])}"
     assert all(x["success"] == (x["completion"] == s["target"]) for x in s["samples"])
     assert summary["final_val"]["step"] == 6
+    for step in (0, 6):
+        _assert_validation_row_recomputes_from_samples(val[[v["step"] for v in val].index(step)], samples, step)
+
+
+def _assert_validation_row_recomputes_from_samples(row: dict, samples: list[dict], step: int) -> None:
+    """Audit: a reader holding only samples.jsonl gets the validation row's pass@k, success, greedy
+    success, distinct completions and per-difficulty figures back to 1e-9 (pass@k by the closed form
+    1 - C(n-c, k) / C(n, k), independently of prorl_bench.passk)."""
+    rows = [r for r in samples if r["step"] == step]
+
+    def pass_k(rs: list[dict], k: int) -> float:
+        vals = []
+        for r in rs:
+            n, c = len(r["samples"]), sum(x["success"] for x in r["samples"])
+            vals.append(1 - math.comb(n - c, k) / math.comb(n, k))
+        return sum(vals) / len(vals)
+
+    for k in (1, 2, 4):
+        assert abs(pass_k(rows, k) - row[f"val/pass@{k}"]) < 1e-9, (step, k)
+    every = [x for r in rows for x in r["samples"]]
+    assert abs(sum(x["success"] for x in every) / len(every) - row["val/success_sampled"]) < 1e-9
+    assert abs(sum(x["reward"] for x in every) / len(every) - row["val/reward_mean"]) < 1e-9
+    assert abs(sum(r["greedy_success"] for r in rows) / len(rows) - row["val/success_greedy"]) < 1e-9
+    distinct = sum(len({x["completion"] for x in r["samples"]}) for r in rows) / len(rows)
+    assert abs(distinct - row["val/distinct_per_prompt"]) < 1e-9
+    for label in {r["difficulty"] for r in rows}:
+        part = [r for r in rows if r["difficulty"] == label]
+        assert abs(pass_k(part, 4) - row[f"val/by_difficulty/{label}/pass@4"]) < 1e-9
 
 
 def test_evaluation_settings_do_not_touch_the_training_trajectory(run_exp):

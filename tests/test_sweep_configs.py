@@ -41,7 +41,7 @@ def test_grid_composes_with_joblib_and_every_job_validates(grid):
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
     assert cfg.hydra.sweep.dir.startswith(f"outputs/sweeps/{grid}/")
     params = dict(cfg.hydra.sweeper.params)
-    assert "seed" in params and len(str(params["seed"]).split(",")) >= 2, "every grid spans seeds"
+    assert "seed" in params and _n_values("seed", params["seed"]) >= 2, "every grid spans seeds"
     jobs = _jobs(params, [f"+sweep={grid}"])
     assert len(jobs) == _product_size(params)
     # a grid must not contain combinations the config rejects (seeds cannot make a config invalid)
@@ -49,8 +49,14 @@ def test_grid_composes_with_joblib_and_every_job_validates(grid):
         _validate(list(job))
 
 
+def _n_values(key: str, value) -> int:
+    """How many values a sweep parameter expands to (``a,b,c`` or ``range(0,16)``)."""
+    override = OverridesParser.create().parse_overrides([f"{key}={value}"])[0]
+    return len(list(override.sweep_iterator())) if override.is_discrete_sweep() else 1
+
+
 def _product_size(params: dict) -> int:
-    sizes = [len(str(v).split(",")) for v in params.values()]
+    sizes = [_n_values(k, v) for k, v in params.items()]
     return len(list(itertools.product(*[range(s) for s in sizes])))
 
 
