@@ -39,8 +39,15 @@ from typing import Any
 from prorl_bench.config import PromptStyle, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError
 from prorl_bench.sandbox import (
-    FAIL_CLASSES, Isolation, SandboxLimits, SandboxResult, default_hidden, isolation, isolation_level, run_many,
-)  # fmt: skip
+    FAIL_CLASSES,
+    Isolation,
+    SandboxLimits,
+    SandboxResult,
+    default_hidden,
+    isolation,
+    isolation_level,
+    run_many,
+)
 from prorl_bench.tasks import Problem
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "code"
@@ -113,8 +120,10 @@ def extract_program(completion: str) -> str | None:
 
 def _same(got: Any, expected: Any) -> bool:
     if isinstance(expected, float) or isinstance(got, float):
-        return isinstance(got, (int, float)) and isinstance(expected, (int, float)) and math.isclose(
-            got, expected, rel_tol=1e-6, abs_tol=1e-9
+        return (
+            isinstance(got, (int, float))
+            and isinstance(expected, (int, float))
+            and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
         )
     return type(got) is type(expected) and got == expected if isinstance(expected, bool) else got == expected
 
@@ -198,10 +207,10 @@ class CodeTask:
         Returns rewards, successes and per-sample info ({"fail": class, "passed": k, "tests": n})."""
         programs = [extract_program(c) for c in completions]
         todo = [i for i, prog in enumerate(programs) if prog is not None]
-        runs = run_many(
-            [programs[i] for i in todo], self.limits, workers=self.c.workers, hide=self.hidden,
-            calls=[[t["args"] for t in problems[i].tests] for i in todo], entry_points=[problems[i].entry_point for i in todo],
-        )  # fmt: skip
+        calls = [[t["args"] for t in problems[i].tests] for i in todo]
+        entry_points = [problems[i].entry_point for i in todo]
+        sources = [programs[i] for i in todo]
+        runs = run_many(sources, self.limits, self.c.workers, calls, entry_points, hide=self.hidden)
         results = dict(zip(todo, runs))
         rewards, success, infos = [], [], []
         for i, p in enumerate(problems):
