@@ -298,7 +298,7 @@ def _status(frames: list[tuple[dict, bytes]], streams: _Streams, timed_out: bool
             if "signal" in h:
                 return "killed"
             code = h["code"]
-            if h["kind"] == "import" and code == 91:
+            if h["kind"] in ("import", "main") and code == 91:
                 return "syntax_error"
             if h["kind"] in ("import", "main") and code == 93:
                 return "memory"

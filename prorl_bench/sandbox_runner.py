@@ -214,9 +214,9 @@ def run_call(job, call, deadline):
         for fd, _ in events:
             if fd == rfd:
                 chunk = os.read(rfd, 65536)
-                if not chunk:
-                    poller.unregister(rfd)
                 buf += chunk
+                if not chunk or len(buf) > cap:
+                    poller.unregister(rfd)  # the end, or too much: read no further
                 if len(buf) > cap:
                     os.kill(pid, signal.SIGKILL)
             elif fd == pidfd:
