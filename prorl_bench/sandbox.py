@@ -268,7 +268,10 @@ def _parse_frames(data: bytes) -> list[tuple[dict, bytes]]:
         end = data.find(b"\n", pos)
         if end < 0:
             break  # a frame cut by a kill
-        header = json.loads(data[pos:end])
+        try:
+            header = json.loads(data[pos:end])
+        except ValueError:
+            raise SandboxError(f"sandbox runner sent a malformed frame: {bytes(data[pos:end])[:200]!r}") from None
         payload = data[end + 1 : end + 1 + header["n"]]
         if len(payload) < header["n"]:
             break

@@ -116,26 +116,27 @@ ANSWERS = {"(12, 18)": 6, "(7, 13)": 1, "(100, 75)": 25, "(9, 9)": 9}
 FORGE = f"""
 import json, os, sys
 answers = {list(ANSWERS.values())!r}
-junk = []
-for pid in ('self', '1'):  # anything that looks like a nonce or a channel, from every place readable
+junk = []  # anything that could be a nonce or name a channel, from every place readable
+for pid in ('self', '1'):
     for name in ('cmdline', 'environ'):
         try:
             junk += open(f'/proc/{{pid}}/{{name}}', 'rb').read().replace(b'\\0', b' ').split()
         except OSError:
             pass
 junk += [a.encode() for a in sys.argv]
-lines = b''
+frames = b''  # the runner's own frame format, one well-formed frame per test, with the right answers
 for i, v in enumerate(answers):
-    lines += json.dumps({{'i': i, 'kind': 'result', 'n': len(json.dumps({{'value': v}}))}}).encode() + b'\\n'
-    lines += json.dumps({{'value': v}}).encode()
-    for n in junk[:200]:
-        lines += b'\\n' + n + b' %d ' % i + json.dumps({{'value': v}}).encode() + b'\\n'
-everything = b'I' + b''.join(b'I' + json.dumps({{'value': v}}).encode() for v in answers) + lines
-for fd in range(0, 256):
+    payload = json.dumps({{'value': v}}).encode()
+    frames += json.dumps({{'i': i, 'kind': 'result', 'n': len(payload)}}).encode() + b'\\n' + payload
+for fd in range(0, 256):  # onto every descriptor this process holds
     try:
-        os.write(fd, everything)
+        os.write(fd, frames)
     except OSError:
         pass
+for n in junk[:200]:  # and the old nonce-tagged line format on stdout
+    for i, v in enumerate(answers):
+        sys.stdout.write('\\n%s %d %s\\n' % (n.decode(errors='replace'), i, json.dumps({{'value': v}})))
+sys.stdout.flush()
 os._exit(0)
 def gcd(a, b):
     return -1
