@@ -315,6 +315,19 @@ def test_no_process_survives_the_sample(task, gcd):
     assert sample_processes() == []
 
 
+def test_a_wide_process_tree_is_gone_when_scoring_returns():
+    """1000 processes (the teardown of a pid namespace this size is not instant): none left at return."""
+    tree = (
+        "import os, time\n"
+        "for _ in range(10):\n"  # 2**10 processes
+        "    os.fork()\n"
+        "time.sleep(60)\n"
+    )
+    r = run_program(tree, SandboxLimits(wall_s=WALL, cpu_s=30, nproc=4096, memory_bytes=64 * 2**20, uid=UID))
+    left = sample_processes()
+    assert r.status == "timeout" and left == []
+
+
 def test_many_samples_in_parallel_leave_nothing(task, gcd):
     """Several hostile samples at once (threads driving sandboxes), then the host is clean."""
     progs = [GCD, READ_DATASET, FORGE, "import os\nwhile True:\n    os.fork()", "x = bytearray(10**10)"]
