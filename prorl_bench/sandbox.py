@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import marshal
 import os
 import selectors
 import shutil
@@ -331,7 +332,7 @@ def run_program(
             os.chown(work, uid, uid)
         mode = "full" if level == "full" else ("pidns" if level == "netns+pidns" else "rlimits")
         job = _job(source, calls, entry_point, limits, mode, work, uid, default_hidden() if hide is None else hide)
-        os.write(job_fd, json.dumps(job).encode())
+        os.write(job_fd, marshal.dumps(job))
         os.lseek(job_fd, 0, os.SEEK_SET)
         exe = sys.executable if level == "full" else interpreter(limits.uid if drop else -1)
         cmd = [exe, "-I", "-S", "-c", _RUNNER, str(job_fd), str(wfd)]

@@ -25,7 +25,7 @@ if ISO.level != "full":
 pytestmark = pytest.mark.skipif(ISO.level != "full", reason=f"needs sandbox isolation 'full': {ISO.reason}")
 
 UID = 310000  # a uid range of our own: other suites' samples (uid 200000+) may run beside these tests
-WALL = 1.0
+WALL = 2.0  # seconds: generous, so that a loaded machine does not turn a correct program into a timeout
 GCD = "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"
 
 
