@@ -162,6 +162,8 @@ def test_end_to_end_rl_on_a_tiny_hf_model(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for r in rows:  # every sample is counted in exactly one class
         assert sum(r[f"code/fail/{c}"] for c in FAIL_CLASSES) == pytest.approx(1.0)
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "start" and events[0]["sandbox"] == isolation_level()
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert all(s["fail"] in FAIL_CLASSES for row in samples for s in row["samples"])
 

@@ -249,6 +249,18 @@ def test_host_proc_invisible(task, gcd):
     assert len(cmds) == 2 and not any("pytest" in c for c in cmds)  # the runner and this call's process
 
 
+def test_hidden_paths_inside_a_bound_tree_are_empty(tmp_path):
+    """A project installed inside a bound tree (e.g. /usr/lib/python3/dist-packages/prorl_bench) is hidden:
+    checked with a directory of /usr that exists, listed outside and empty inside."""
+    target = next((d for d in ("/usr/share/doc", "/usr/share", "/usr/lib") if os.listdir(d)), None)
+    if target is None:
+        pytest.skip("no non-empty directory under /usr to hide")
+    prog = f"import os\ndef f():\n    return os.listdir({target!r})"
+    lim = SandboxLimits(wall_s=5, uid=UID)
+    assert run_program(prog, lim, [[]], "f").calls[0]["value"] != []  # bound: visible
+    assert run_program(prog, lim, [[]], "f", hide=[target]).calls == ({"value": []},)
+
+
 # -- attack: flood stdout / stderr, overrun the time limit
 
 
