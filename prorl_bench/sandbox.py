@@ -157,8 +157,9 @@ def interpreter(uid: int) -> str:
         return sys.executable
     for exe in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
-            r = subprocess.run([exe, "-I", "-S", "-c", "import json, select, ctypes, traceback"], user=uid,
-                               group=uid, extra_groups=[], capture_output=True, timeout=30, cwd="/")  # fmt: skip
+            probe = "import _json, ctypes, marshal, resource, select, traceback"  # what the runner needs
+            r = subprocess.run([exe, "-I", "-S", "-c", probe], user=uid, group=uid, extra_groups=[],
+                               capture_output=True, timeout=30, cwd="/")  # fmt: skip
         except (OSError, subprocess.TimeoutExpired):
             continue
         if r.returncode == 0:
@@ -235,7 +236,8 @@ def _pump(proc: subprocess.Popen, result_fd: int, limits: SandboxLimits, n_calls
         now = time.monotonic()
         if killed_at is None and now >= deadline:
             timed_out, killed_at = True, now
-            _kill_sample(proc, wrapped)
+        if killed_at is not None and proc.poll() is None:
+            _kill_sample(proc, wrapped)  # again each pass: a runner not yet forked by `unshare` at the first
         if killed_at is not None and now - killed_at > 2.0 and proc.poll() is not None:
             break  # level rlimits: a process that left the group still holds a pipe; stop listening
         wait = 0.05 if killed_at is not None else max(deadline - now, 0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 
@@ -73,3 +74,14 @@ def test_trivial_fast_and_env_scrubbed():
     r = run_program("import os; print(sorted(os.environ))", LIM)
     assert r.status == "ok"
     assert "PRORL_SBX_SECRET" not in r.stdout and "PATH" in r.stdout
+
+
+@pytest.mark.parametrize("level", ["netns+pidns", "rlimits"])
+def test_weaker_levels_still_score_calls(level):
+    """Below 'full' (accepted with task.code.allow_weak_isolation) the result channel is the same."""
+    if level == "netns+pidns" and (os.geteuid() != 0 or shutil.which("unshare") is None):
+        pytest.skip("netns+pidns needs root and util-linux unshare")
+    src = "def f(a):\n    print('0 0 {\"value\": 99}')\n    return a * 2\n"
+    r = run_program(src, SandboxLimits(wall_s=10, cpu_s=5), [[1], [21]], "f", level=level)
+    assert (r.status, r.calls) == ("ok", ({"value": 2}, {"value": 42}))
+    assert run_program("def f(:", SandboxLimits(wall_s=10), [[1]], "f", level=level).status == "syntax_error"
