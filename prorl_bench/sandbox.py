@@ -247,7 +247,8 @@ def _pump(proc: subprocess.Popen, result_fd: int, limits: SandboxLimits, n_calls
                 sel.unregister(key.fileobj)
                 continue
             if key.data == "stdout":
-                s.stdout += chunk
+                if len(s.stdout) <= limits.max_output_bytes:  # past the cap: drained, not kept
+                    s.stdout += chunk
                 s.overflow |= len(s.stdout) > limits.max_output_bytes
             elif key.data == "stderr":
                 s.stderr_bytes += len(chunk)
