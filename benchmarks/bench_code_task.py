@@ -1,20 +1,57 @@
 """Throughput of task=code scoring: a rollout-sized batch of completions through the sandbox.
 
-    PYTHONPATH=. python benchmarks/bench_code_task.py [--n 64] [--workers 8] [--repeats 3]
+    PYTHONPATH=. python benchmarks/bench_code_task.py [--n 64] [--workers 8] [--repeats 3] [--compare REV]
 
-Reports programs/s (median of the repeats) for correct programs and for programs that loop
-until the timeout (1 s here), and the isolation level in force.
+Reports programs/s (median of the repeats) and the CPU time of the sandbox processes per program (a
+figure that a loaded machine changes less than the rate) for correct programs and for programs that loop until the
+timeout (1 s here), and the isolation level in force. ``--compare REV`` also loads ``sandbox.py`` and
+``code_task.py`` as they were at git revision REV and measures both, interleaved (old, new, old, new, ...)
+so that a machine whose load changes during the run affects both alike; it prints the ratio new/old.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from prorl_bench.code_task import CodeTask
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.sandbox import isolation_level
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def old_task_class(rev: str) -> type:
+    """``CodeTask`` as of ``rev`` (its own sandbox.py), importable beside the current one."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_code_task_"))
+
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
+
+    (tmp / "old_sandbox.py").write_text(show("prorl_bench/sandbox.py"))
+    code = show("prorl_bench/code_task.py").replace("from prorl_bench.sandbox import", "from old_sandbox import")
+    (tmp / "old_code_task.py").write_text(code.replace('@TASKS.register("code")', ""))
+    sys.path.insert(0, str(tmp))
+    spec = importlib.util.spec_from_file_location("old_code_task", tmp / "old_code_task.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_code_task"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    module.DATA_DIR = ROOT / "prorl_bench" / "data" / "code"  # the problems as shipped now
+    return module.CodeTask
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of every reaped descendant (the sandboxes: runner, children, unshare)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -22,22 +59,36 @@ def main() -> None:
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compare", default=None, help="a git revision whose sandbox to measure alongside")
     args = p.parse_args()
-    cfg = CodeTaskConfig(timeout_s=1.0, workers=args.workers)
-    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, code=cfg))
-    problems = (task._train * (args.n // len(task._train) + 1))[: args.n]
+    cfg = TaskConfig(name="code", reward=RewardKind.partial, code=CodeTaskConfig(timeout_s=1.0, workers=args.workers))
+    tasks = {"new": CodeTask(cfg)}
+    if args.compare:
+        tasks = {f"old ({args.compare})": old_task_class(args.compare)(cfg), **tasks}
+    train = tasks["new"]._train
+    problems = (train * (args.n // len(train) + 1))[: args.n]
     kinds = {
         "correct": [f"```python\n{p.solution}\n```" for p in problems],
         "timeout": ["```python\nwhile True:\n    pass\n```"] * args.n,
     }
     print(f"isolation: {isolation_level()}, {args.n} programs, {args.workers} workers")
-    for name, completions in kinds.items():
-        rates = []
+    for kind, completions in kinds.items():
+        rates: dict[str, list[float]] = {name: [] for name in tasks}
+        cpu: dict[str, list[float]] = {name: [] for name in tasks}
         for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            task.score_many(completions, problems)
-            rates.append(args.n / (time.perf_counter() - t0))
-        print(f"{name:8s} {statistics.median(rates):6.1f} programs/s (median of {args.repeats})")
+            for name, task in tasks.items():  # interleaved: load changes hit every version alike
+                c0, t0 = _children_cpu(), time.perf_counter()
+                rewards, _, _ = task.score_many(completions, problems)
+                rates[name].append(args.n / (time.perf_counter() - t0))
+                cpu[name].append((_children_cpu() - c0) / args.n * 1e3)
+                if kind == "correct":
+                    assert rewards == [1.0] * args.n, f"{name}: a reference solution failed"
+        for name, r in rates.items():
+            print(f"{kind:8s} {name:16s} {statistics.median(r):6.1f} programs/s (median of {args.repeats}), "
+                  f"{statistics.median(cpu[name]):5.1f} ms CPU per program")  # fmt: skip
+        if len(rates) == 2:
+            old, new = (statistics.median(r) for r in rates.values())
+            print(f"{kind:8s} new/old throughput ratio {new / old:.2f}")
 
 
 if __name__ == "__main__":

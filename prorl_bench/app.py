@@ -23,6 +23,7 @@ from prorl_bench import searchpath
 from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.guards import STOP_FILE, Preempted, SweepStopped, ignore_stop_signals_between_jobs
 from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
+from prorl_bench.record import RecordSnapshot, drop_finished_copies
 from prorl_bench.rundir import RunDirBusy, has_previous_run
 
 register_configs()
@@ -49,14 +50,30 @@ class DiskFull(OSError):
         return (type(self), self.args)
 
 
-def _record_failure(e: BaseException, run_dir: Path, had_run: bool) -> BaseException:
+def _record_failure(e: BaseException, run_dir: Path, snapshot: RecordSnapshot | None) -> BaseException:
     """Write a failed summary for ``e`` — except where that would overwrite someone else's record: a
-    directory held by another process, or an existing run whose resume was refused (config error)."""
-    refused = isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run)
-    if not refused:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_summary(run_dir, failed_summary(e))
+    directory held by another process, or an existing run whose restart stopped before a new step (its
+    record files are put back byte-identical: a refusal, whatever the error)."""
+    if isinstance(e, RunDirBusy):
+        if snapshot is not None and snapshot.kept_finished:
+            drop_finished_copies(run_dir)
+        return e
+    if snapshot is not None and not snapshot.new_steps_logged():
+        _restore(snapshot)
+        return e
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_summary(run_dir, failed_summary(e))
     return e
+
+
+def _restore(snapshot: RecordSnapshot) -> None:
+    try:
+        snapshot.restore()
+    except OSError as err:
+        print(f"prorl-bench: could not restore {err.filename}: {err.strerror}", file=sys.stderr)
+        return
+    print(f"prorl-bench: {snapshot.run_dir}: stopped before a new step; the existing run's record is unchanged",
+          file=sys.stderr)  # fmt: skip
 
 
 def run(cfg: DictConfig) -> float:
@@ -67,6 +84,7 @@ def run(cfg: DictConfig) -> float:
     multirun = hc.mode == RunMode.MULTIRUN
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
     had_run = has_previous_run(run_dir)  # its record must survive a refused start
+    snapshot = RecordSnapshot.take(run_dir) if had_run else None
     stop_file = Path(hc.sweep.dir).resolve() / STOP_FILE if multirun else None
     if stop_file is not None:
         ignore_stop_signals_between_jobs()  # the sweep's STOP file stops this worker's jobs
@@ -82,6 +100,8 @@ def run(cfg: DictConfig) -> float:
         cache = Path(conf.warmup.cache_dir)
         if not cache.is_absolute():
             cache = Path(hydra.utils.get_original_cwd()) / cache
+        if snapshot is not None:
+            snapshot.keep_finished(conf.steps)  # extending a finished run: its record stays readable
         summary = train(
             conf,
             run_dir,
@@ -100,23 +120,28 @@ def run(cfg: DictConfig) -> float:
         raise SystemExit(EXIT_PREEMPTED) from None
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise _record_failure(e, run_dir, had_run) from None
+            raise _record_failure(e, run_dir, snapshot) from None
         # a full disk: one clear message naming the file, a failed summary if it still fits
         msg = f"disk full: could not write {e.filename or run_dir} ({e.strerror}); free space and re-run to resume"
-        try:
-            write_summary(run_dir, {"status": "failed", "error": f"DiskFull: {msg}", "traceback": ""})
-        except OSError:
-            pass
+        if snapshot is not None and not snapshot.new_steps_logged():
+            _restore(snapshot)
+        else:
+            try:
+                write_summary(run_dir, {"status": "failed", "error": f"DiskFull: {msg}", "traceback": ""})
+            except OSError:
+                pass
         print(f"prorl-bench: {msg}", file=sys.stderr)
         if multirun:
             raise DiskFull(msg) from None
         raise SystemExit(1) from None
     except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
-        _record_failure(e, run_dir, had_run)
+        _record_failure(e, run_dir, snapshot)
         if isinstance(e, ConfigError) and not multirun:
             print(f"prorl-bench: config error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
+    if summary.get("status") == "completed":
+        drop_finished_copies(run_dir)  # a completed extension's record holds the finished segment
     print(
         f"[prorl-bench] {run_dir}: success_rate first10={summary['success_rate/first10']:.3f} "
         f"last10={summary['success_rate/last10']:.3f}, {summary['time/step_mean'] * 1e3:.1f} ms/step, "

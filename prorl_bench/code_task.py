@@ -12,10 +12,12 @@ file is executed by the bench itself). The schema, close to MBPP / HumanEval::
      "difficulty": "easy"}                 # optional label: validation reports per label
 
 A sample's program is extracted from the completion (the last fenced ```python block, else a
-``<code></code>`` span, else the whole completion), followed by a harness that calls the entry
-point on each test's arguments and prints one line per test, tagged with a per-call random nonce.
-The expected values never enter the sandbox: the bench compares the printed results with them
-itself, so a program cannot pass a test by printing "passed".
+``<code></code>`` span, else the whole completion) and run in the sandbox (``sandbox.py``): a trusted runner
+forks one child per test, which executes the program and calls the entry point on that test's arguments;
+only the JSON-encoded return value comes back, over a pipe the program's output never reaches. The expected
+values never enter the sandbox: this process compares. Printing "passed", forging result lines or exiting
+early earns nothing (tests/test_sandbox_hostile.py). The isolation in force is printed when the task is
+built; below ``full`` the task refuses to run unless ``task.code.allow_weak_isolation=true``.
 
 Reward: fraction of tests passed (``task.reward=partial``) or 1 only if all pass (``exact``);
 success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``), logged per step as
@@ -28,7 +30,7 @@ import json
 import math
 import random
 import re
-import secrets
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +38,24 @@ from typing import Any
 
 from prorl_bench.config import PromptStyle, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError
-from prorl_bench.sandbox import FAIL_CLASSES, SandboxLimits, SandboxResult, isolation_level, run_many
+from prorl_bench.sandbox import (
+    FAIL_CLASSES,
+    Isolation,
+    SandboxLimits,
+    SandboxResult,
+    default_hidden,
+    isolation,
+    isolation_level,
+    run_many,
+)
 from prorl_bench.tasks import Problem
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "code"
 # One class per sample (sandbox.FAIL_CLASSES). ok: every test passed; no_code: nothing to run;
 # syntax_error: the program does not compile; timeout / memory / killed: the sandbox stopped it (wall or
-# CPU time, memory, a signal); exception: it raised (at top level, or in at least one test);
-# wrong_answer: it ran every test without raising and at least one result differs.
+# CPU time, memory, a signal); output_limit: it wrote more than the cap to stdout or stderr, or returned
+# a value larger than the cap; exception: it raised (at top level, or in at least one test) or exited
+# before a test returned; wrong_answer: it ran every test without raising and at least one result differs.
 INSTRUCTION = "Reply with the function in a ```python code block."
 REQUIRED = {"id": str, "prompt": str, "entry_point": str, "tests": list}
 
@@ -106,62 +118,32 @@ def extract_program(completion: str) -> str | None:
     return text or None
 
 
-def harness(program: str, entry_point: str, args: Sequence[list], nonce: str) -> str:
-    """``program`` followed by code that calls ``entry_point`` on each argument list and prints
-    ``<nonce> <i> <json>`` per test: {"value": result} or {"error": exception name}."""
-    return (
-        program
-        + "\n\n# ---- prorl-bench test harness ----\n"
-        + "def __prorl_bench_tests():\n"
-        + "    import json, sys\n"
-        + f"    cases = json.loads({json.dumps(json.dumps(list(args)))})\n"
-        + f"    fn = globals().get({entry_point!r})\n"
-        + "    for i, a in enumerate(cases):\n"
-        + "        try:\n"
-        + "            out = {'value': fn(*a)}\n"
-        + "            line = json.dumps(out)\n"
-        + "        except BaseException as e:\n"
-        + "            if isinstance(e, (SystemExit, KeyboardInterrupt)):\n"
-        + "                raise\n"
-        + "            line = json.dumps({'error': type(e).__name__})\n"
-        + f"        sys.stdout.write('\\n{nonce} %d %s\\n' % (i, line))\n"
-        + "        sys.stdout.flush()\n"
-        + "__prorl_bench_tests()\n"
-    )
-
-
 def _same(got: Any, expected: Any) -> bool:
     if isinstance(expected, float) or isinstance(got, float):
-        return isinstance(got, (int, float)) and isinstance(expected, (int, float)) and math.isclose(
-            got, expected, rel_tol=1e-6, abs_tol=1e-9
+        return (
+            isinstance(got, (int, float))
+            and isinstance(expected, (int, float))
+            and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
         )
     return type(got) is type(expected) and got == expected if isinstance(expected, bool) else got == expected
 
 
-def judge(result: SandboxResult, tests: Sequence[dict], nonce: str) -> tuple[int, str]:
-    """(tests passed, failure class) of one sandboxed run."""
-    lines: dict[int, Any] = {}
-    for line in result.stdout.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit():
-            try:
-                lines[int(parts[1])] = json.loads(parts[2])
-            except json.JSONDecodeError:
-                continue
+def judge(result: SandboxResult, tests: Sequence[dict]) -> tuple[int, str]:
+    """(tests passed, failure class) of one sandboxed run: only the calls' return values count."""
+    calls = list(result.calls) + [None] * (len(tests) - len(result.calls))
     passed = sum(
-        1 for i, t in enumerate(tests) if isinstance(lines.get(i), dict) and "value" in lines[i]
-        and _same(lines[i]["value"], t["expected"])
+        1 for got, t in zip(calls, tests) if got is not None and "value" in got and _same(got["value"], t["expected"])
     )  # fmt: skip
-    errors = {v.get("error") for v in lines.values() if isinstance(v, dict)}
-    if result.status in ("syntax_error", "timeout", "memory", "killed"):
+    errors = {c["error"] for c in calls if c is not None and "error" in c}
+    if result.status != "ok" and result.status != "exception":  # syntax, timeout, memory, killed, output_limit
         return passed, result.status
-    if "MemoryError" in errors:  # caught by the harness inside a test: still the memory limit
+    if "MemoryError" in errors:  # raised inside a call: still the memory limit
         return passed, "memory"
-    if result.status == "exception" or len(lines) < len(tests):  # crashed, or exited before the tests
+    if result.status == "exception" or None in calls:  # crashed or exited before a call returned
         return passed, "exception"
     if passed == len(tests):
         return passed, "ok"
-    if errors - {None}:
+    if errors:
         return passed, "exception"
     return passed, "wrong_answer"
 
@@ -185,6 +167,9 @@ class CodeTask:
         self._val_ids = {p.id for p in self._val_all}
         self.limits = SandboxLimits(wall_s=self.c.timeout_s, cpu_s=max(1, math.ceil(self.c.timeout_s)),
                                     memory_bytes=self.c.memory_mb * 2**20)  # fmt: skip
+        self.isolation = check_isolation(self.c.allow_weak_isolation)
+        # the problem files hold the expected answers: hidden from the sample even inside a bound tree
+        self.hidden = [*default_hidden(), str(train_path.resolve().parent), str(val_path.resolve().parent)]
         self.max_prompt_len = 1 + max(len(p.prompt) for p in self._train + self._val_all)
         if self.chat:
             from prorl_bench.reasoning_gym_task import CHAT_TEMPLATE_ALLOWANCE
@@ -220,16 +205,17 @@ class CodeTask:
     ) -> tuple[list[float], list[bool], list[dict[str, Any]]]:
         """Run every completion's program against its problem's tests, in parallel sandboxes.
         Returns rewards, successes and per-sample info ({"fail": class, "passed": k, "tests": n})."""
-        nonce = secrets.token_hex(16)
         programs = [extract_program(c) for c in completions]
         todo = [i for i, prog in enumerate(programs) if prog is not None]
-        sources = [harness(programs[i], problems[i].entry_point, [t["args"] for t in problems[i].tests], nonce)
-                   for i in todo]  # fmt: skip
-        results = dict(zip(todo, run_many(sources, self.limits, workers=self.c.workers)))
+        calls = [[t["args"] for t in problems[i].tests] for i in todo]
+        entry_points = [problems[i].entry_point for i in todo]
+        sources = [programs[i] for i in todo]
+        runs = run_many(sources, self.limits, self.c.workers, calls, entry_points, hide=self.hidden)
+        results = dict(zip(todo, runs))
         rewards, success, infos = [], [], []
         for i, p in enumerate(problems):
             n = len(p.tests)
-            passed, fail = (0, "no_code") if i not in results else judge(results[i], p.tests, nonce)
+            passed, fail = (0, "no_code") if i not in results else judge(results[i], p.tests)
             ok = passed == n
             rewards.append(float(ok) if self.cfg.reward.value == "exact" else passed / n)
             success.append(ok)
@@ -254,3 +240,20 @@ def _code(cfg: TaskConfig) -> CodeTask:
 def describe_isolation() -> str:
     """Which sandbox isolation is in force here (probed once), for the run's start event."""
     return isolation_level()
+
+
+def check_isolation(allow_weak: bool) -> Isolation:
+    """The isolation in force, printed; below ``full`` a ConfigError unless ``allow_weak`` (then a warning
+    saying what a program can reach)."""
+    iso = isolation()
+    if iso.level == "full":
+        print("[prorl-bench] task=code sandbox isolation: full (private root, no network, own pid namespace, "
+              "uid per sample)", file=sys.stderr)  # fmt: skip
+        return iso
+    msg = (f"task=code sandbox isolation here is {iso.level!r}, not 'full' ({iso.reason}); a program "
+           f"could reach {iso.exposed()}")  # fmt: skip
+    if not allow_weak:
+        raise ConfigError(f"invalid config value task.code.allow_weak_isolation=false: {msg}. Run as root with "
+                          "util-linux unshare, or accept this with task.code.allow_weak_isolation=true")  # fmt: skip
+    print(f"[prorl-bench] WARNING: {msg} (accepted: task.code.allow_weak_isolation=true)", file=sys.stderr)
+    return iso

@@ -202,6 +202,8 @@ class CodeTaskConfig:
     timeout_s: float = 5.0  # wall-clock limit per program (its CPU limit is the same, rounded up), seconds
     memory_mb: int = 512  # address-space limit per program, MiB
     workers: int = 8  # programs run concurrently (sandbox processes)
+    # below isolation 'full' (root + util-linux unshare) the task refuses to run unless this is true
+    allow_weak_isolation: bool = False
 
     def __post_init__(self) -> None:
         _require(self.prompt_style != PromptStyle.compact, "task.code.prompt_style", "compact", "chat or question")

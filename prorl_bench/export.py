@@ -280,8 +280,22 @@ def load_native(path: str | Path) -> tuple[nn.Module, Any]:
     return policy.eval(), CharTokenizer()
 
 
+class NonFiniteWeightsError(ValueError):
+    """The weights to export hold NaN or infinity (a diverged run): nothing is written."""
+
+
+def check_finite(policy: nn.Module) -> None:
+    """Raise NonFiniteWeightsError naming every floating tensor of ``policy`` with a NaN or inf entry."""
+    bad = [k for k, v in policy.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise NonFiniteWeightsError(f"NonFiniteWeightsError: non-finite weights (NaN or inf) in {shown}; not exported")
+
+
 def export_policy(policy: nn.Module, cfg: Config, tok: Any, out: str | Path) -> Path:
-    """Export an in-memory policy (any device) to ``out`` in the format for ``cfg.model.kind``."""
+    """Export an in-memory policy (any device) to ``out`` in the format for ``cfg.model.kind``; refuses
+    non-finite weights (NonFiniteWeightsError) before writing anything."""
+    check_finite(policy)
     if cfg.adapter.kind == AdapterKind.dual_lora:
         raise ConfigError(
             "invalid config value adapter=dual_lora for export: dual (retain/forget) adapters are not exported "

@@ -127,13 +127,19 @@ class RunSession:
                 self.out.close()
 
     def begin(self, ckpt: dict[str, Any] | None, objective: str, base: dict[str, Any]) -> None:
-        """The run's first event: ``start`` (fresh) or ``resume`` (from ``ckpt``)."""
+        """The run's first event: ``start`` (fresh) or ``resume`` (from ``ckpt``); task=code adds the sandbox
+        isolation in force on this machine (``sandbox``: full | netns+pidns | rlimits)."""
+        extra = {}
+        if self.cfg.task.name == "code":
+            from prorl_bench.sandbox import isolation_level
+
+            extra["sandbox"] = isolation_level()
         if ckpt is None:
             params = sum(p.numel() for p in self.state.policy.parameters())
             self.out.event(0, "start", "run", variant=self.cfg.variant.name, objective=objective, base=base,
-                           params=params)  # fmt: skip
+                           params=params, **extra)  # fmt: skip
         else:
-            self.out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}")
+            self.out.event(ckpt["step"], "resume", f"from checkpoint at step {ckpt['step']}", **extra)
 
     def wall(self) -> float:
         return self.state.wall_before + time.perf_counter() - self._t0

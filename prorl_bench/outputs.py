@@ -17,6 +17,8 @@ from typing import Any
 METRICS, EVENTS, VALIDATION, SUMMARY = "metrics.jsonl", "events.jsonl", "validation.jsonl", "summary.json"
 SAMPLES = "samples.jsonl"  # held-out prompts with every sampled completion, at each evaluation
 RESOLVED_CONFIG = "config_resolved.yaml"
+# a finished run's summary and config, kept while an extension of it runs (prorl_bench/record.py)
+FINISHED_SUMMARY, FINISHED_CONFIG = "summary.completed.json", "config_resolved.completed.yaml"
 
 
 def _clean(v: Any) -> Any:

@@ -23,7 +23,16 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from prorl_bench.outputs import EVENTS, METRICS, RESOLVED_CONFIG, SUMMARY, VALIDATION, read_jsonl
+from prorl_bench.outputs import (
+    EVENTS,
+    FINISHED_CONFIG,
+    FINISHED_SUMMARY,
+    METRICS,
+    RESOLVED_CONFIG,
+    SUMMARY,
+    VALIDATION,
+    read_jsonl,
+)
 
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 MULTIRUN = "multirun.yaml"
@@ -126,6 +135,11 @@ def load_run(run_dir: Path) -> RunRecord:
             raise SweepDirError(f"{run_dir / SUMMARY}: not valid JSON ({e})") from e
         if not isinstance(summary, dict) or summary.get("status") not in SUMMARY_STATUSES:
             raise SweepDirError(f"{run_dir / SUMMARY}: expected an object with status {'|'.join(SUMMARY_STATUSES)}")
+    config_path = run_dir / RESOLVED_CONFIG
+    if summary is not None and summary["status"] != "completed" and (run_dir / FINISHED_SUMMARY).is_file():
+        # an extension of a finished run did not complete: report the finished segment (prorl_bench/record.py)
+        summary, metrics, events, validation, config_path = _finished_segment(run_dir, summary, metrics, events,
+                                                                              validation)  # fmt: skip
     if summary is not None:
         status, error = summary["status"], summary.get("error")
         n_done = summary.get("steps_completed")
@@ -141,8 +155,29 @@ def load_run(run_dir: Path) -> RunRecord:
         error = f"no {SUMMARY}: stopped {where} (killed, timed out, or still running)"
         if not (run_dir / RESOLVED_CONFIG).is_file() and metrics.empty:
             error = f"no {SUMMARY} and no {RESOLVED_CONFIG}: the job died before the task function ran"
-    config = _flat_config(run_dir / RESOLVED_CONFIG)
+    config = _flat_config(config_path)
     return RunRecord(run_dir, overrides, status, error, summary, metrics, events, validation, config)
+
+
+def _finished_segment(run_dir: Path, live: dict[str, Any], metrics: pd.DataFrame, events: list[dict[str, Any]],
+                      validation: pd.DataFrame) -> tuple:  # fmt: skip
+    """(summary, metrics, events, validation, config path) of the finished run an extension started from."""
+    path = run_dir / FINISHED_SUMMARY
+    try:
+        finished = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SweepDirError(f"{path}: not valid JSON ({e})") from e
+    n = finished.get("steps_completed") if isinstance(finished, dict) else None
+    if finished.get("status") != "completed" or not isinstance(n, int):
+        raise SweepDirError(f"{path}: expected a completed summary with steps_completed")
+    finished = dict(finished, error=f"extension {live['status']} ({live.get('error') or 'no error recorded'}); "
+                                    f"reporting the finished {n}-step run from {FINISHED_SUMMARY}")  # fmt: skip
+
+    def upto(df: pd.DataFrame) -> pd.DataFrame:
+        return df[df["step"] <= n].reset_index(drop=True) if "step" in df else df
+
+    config = run_dir / FINISHED_CONFIG if (run_dir / FINISHED_CONFIG).is_file() else run_dir / RESOLVED_CONFIG
+    return finished, upto(metrics), [e for e in events if e.get("step", 0) <= n], upto(validation), config
 
 
 def _flat_config(path: Path) -> dict[str, Any]:

@@ -10,13 +10,15 @@ import pytest
 
 from prorl_bench.code_task import DATA_DIR, CodeTask, extract_program, load_problems
 from prorl_bench.config import CodeTaskConfig, ConfigError, RewardKind, TaskConfig
-from prorl_bench.sandbox import FAIL_CLASSES
+from prorl_bench.sandbox import FAIL_CLASSES, Isolation, isolation_level
 
 from .conftest import make_config
 
+WEAK = isolation_level() != "full"  # e.g. CI without root: these tests check scoring, not isolation
+
 
 def _task(reward: RewardKind = RewardKind.partial, **code) -> CodeTask:
-    code = {"timeout_s": 3.0, "workers": 4, **code}
+    code = {"timeout_s": 3.0, "workers": 4, "allow_weak_isolation": WEAK, **code}
     return CodeTask(TaskConfig(name="code", reward=reward, val_size=12, code=CodeTaskConfig(**code)))
 
 
@@ -48,13 +50,17 @@ CASES = [  # (completion for gcd: tests (12,18) (7,13) (100,75) (9,9)), reward, 
     # forging the harness's output without the nonce: every line is ignored
     (fenced("print('0 0 {\"value\": 6}')\ndef gcd(a, b):\n    return -1"), 0.0, "wrong_answer"),
     # writes outside its directory and tries the network; the answer itself is right
-    (fenced(
-        "def gcd(a, b):\n"
-        "    try:\n        open('" + SECRET_FILE + "', 'w').write('x')\n    except OSError:\n        pass\n"
-        "    try:\n        import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
-        "    except OSError:\n        pass\n"
-        "    while b:\n        a, b = b, a % b\n    return a"
-    ), 1.0, "ok"),  # fmt: skip
+    (
+        fenced(
+            "def gcd(a, b):\n"
+            "    try:\n        open('" + SECRET_FILE + "', 'w').write('x')\n    except OSError:\n        pass\n"
+            "    try:\n        import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
+            "    except OSError:\n        pass\n"
+            "    while b:\n        a, b = b, a % b\n    return a"
+        ),
+        1.0,
+        "ok",
+    ),  # fmt: skip
 ]
 
 
@@ -156,8 +162,28 @@ def test_end_to_end_rl_on_a_tiny_hf_model(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for r in rows:  # every sample is counted in exactly one class
         assert sum(r[f"code/fail/{c}"] for c in FAIL_CLASSES) == pytest.approx(1.0)
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "start" and events[0]["sandbox"] == isolation_level()
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert all(s["fail"] in FAIL_CLASSES for row in samples for s in row["samples"])
+
+
+def test_weak_isolation_is_refused_unless_accepted(monkeypatch, capsys):
+    """Below 'full' the task refuses to train, naming the flag and what a program could reach; with the flag
+    it runs and says so."""
+    import prorl_bench.code_task as code_task
+
+    weak = Isolation("netns+pidns", "full: needs root (mount namespaces and a private root)")
+    monkeypatch.setattr(code_task, "isolation", lambda: weak)
+    with pytest.raises(ConfigError, match=r"task.code.allow_weak_isolation.*'netns\+pidns'.*needs root.*problem files"):
+        _task(allow_weak_isolation=False)
+    t = _task(allow_weak_isolation=True)
+    assert t.isolation == weak
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "problem files with the expected answers" in err
+    monkeypatch.setattr(code_task, "isolation", lambda: Isolation("full"))
+    _task(allow_weak_isolation=False)  # full: no flag needed
+    assert "isolation: full" in capsys.readouterr().err
 
 
 def test_taskconfig_default_keeps_other_tasks_untouched():

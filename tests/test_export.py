@@ -44,8 +44,13 @@ def _ids(tok):
 
 @pytest.mark.parametrize(
     "impl,targets",
-    [(HFImpl.fast, None), (HFImpl.hf, None), (HFImpl.fast, ["qkv", "fc1"]), (HFImpl.hf, ["q_proj", "up_proj"]),
-     (HFImpl.auto, ["q_proj", "v_proj"])],
+    [
+        (HFImpl.fast, None),
+        (HFImpl.hf, None),
+        (HFImpl.fast, ["qkv", "fc1"]),
+        (HFImpl.hf, ["q_proj", "up_proj"]),
+        (HFImpl.auto, ["q_proj", "v_proj"]),
+    ],
     ids=["fast", "hf", "fast-lora", "hf-lora", "auto-hf-names-lora"],
 )
 def test_hf_export_reloads_with_equal_logits(impl, targets, tiny_hf_dir, tmp_path):
@@ -100,6 +105,28 @@ def test_native_export_reloads_with_equal_logits(lora, tmp_path):
 def test_export_without_checkpoint_fails_loudly(tmp_path, capsys):
     assert main([str(tmp_path), str(tmp_path / "out")]) == 2
     assert "no checkpoints" in capsys.readouterr().err
+
+
+def test_export_refuses_non_finite_weights(tmp_path, capsys):
+    """A checkpoint whose weights hold NaN (a diverged run, checksum intact): a named error, exit 2, and
+    nothing written to the output directory."""
+    from prorl_bench.checkpoint import checkpoint_paths, load_verified, save_verified
+    from prorl_bench.export import NonFiniteWeightsError, export_run
+
+    cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+    cfg.warmup.enabled = False
+    train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
+    path = checkpoint_paths(tmp_path / "run")[-1]
+    blob = load_verified(path)
+    name = next(k for k, v in blob["policy"].items() if v.is_floating_point() and v.dim() == 2)
+    blob["policy"][name][0, 0] = float("nan")
+    save_verified(path, blob)  # a valid file: only the values are wrong
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "NonFiniteWeightsError" in err and name in err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(NonFiniteWeightsError, match=name):
+        export_run(tmp_path / "run", tmp_path / "out")
 
 
 def test_sample_cli_from_run_and_export(tmp_path, capsys):

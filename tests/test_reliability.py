@@ -188,3 +188,95 @@ def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path,
     assert runs.loc["0", "status"] == "completed"
     assert runs.loc["1", "status"] == "failed" and "loss/total" in runs.loc["1", "error"]
     assert len(read_jsonl(failed_dir / "metrics.jsonl")) == 2  # the steps before the NaN, nothing after
+
+
+# -- records never lost (issue 24): a restart that stops before a new step changes nothing; a failed
+# extension keeps the finished run readable
+
+
+def _record(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"}
+
+
+def test_record_snapshot_restores_bytes_and_detects_new_steps(tmp_path):
+    from prorl_bench.outputs import FINISHED_CONFIG, FINISHED_SUMMARY
+    from prorl_bench.record import RecordSnapshot
+
+    d = tmp_path
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "steps_completed": 2}))
+    (d / "config_resolved.yaml").write_text("steps: 2\n")
+    (d / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    before = _record(d)
+    snap = RecordSnapshot.take(d)
+    snap.keep_finished(2)  # the same length: not an extension
+    assert not (d / FINISHED_SUMMARY).exists()
+    snap.keep_finished(3)
+    assert (d / FINISHED_SUMMARY).read_bytes() == before["summary.json"]
+    assert (d / FINISHED_CONFIG).read_bytes() == before["config_resolved.yaml"]
+    (d / "metrics.jsonl").write_text('{"step": 1}\n')  # a resume cut the logs back ...
+    (d / "config_resolved.yaml").write_text("steps: 3\n")  # ... and wrote its config ...
+    (d / "validation.jsonl").write_text('{"step": 0}\n')  # ... and a file that was not there
+    (d / "summary.json").write_text('{"status": "failed"}')
+    assert not snap.new_steps_logged()
+    snap.restore()
+    assert _record(d) == before  # byte for byte, the new file gone, the copies removed
+    (d / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    assert snap.new_steps_logged()
+
+
+def _cli(d, cache, *extra, inject: str | None = None):
+    args = [*FAST, "progress=false", "hardware.torch_threads=1", "checkpoint.every=3", f"warmup.cache_dir={cache}",
+            f"hydra.run.dir={d}", *extra]  # fmt: skip
+    if inject is None:
+        return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600)
+    code = f"{inject}\nimport sys\nfrom prorl_bench.app import main\n"
+    code += "sys.argv = ['prorl-bench', *sys.argv[1:]]\nmain()\n"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+
+
+FAIL_AT_THE_SECOND_NEW_STEP = """
+import prorl_bench.trainer as t
+real, calls = t.score_details, []
+def score_details(*a, **k):
+    calls.append(1)
+    if len(calls) == 2:
+        raise RuntimeError("injected failure in the second new step")
+    return real(*a, **k)
+t.score_details = score_details
+"""
+
+
+@pytest.mark.slow
+def test_a_finished_run_keeps_its_record_through_refused_and_failed_restarts(tmp_path, base_cache):
+    from prorl_bench.outputs import FINISHED_CONFIG, FINISHED_SUMMARY
+    from prorl_bench.sweepdir import load_run
+
+    d = tmp_path / "run"
+    r = _cli(d, base_cache)
+    assert r.returncode == 0, r.stderr
+    before = _record(d)
+    assert json.loads(before["summary.json"])["status"] == "completed"
+    ckpts = {p: p.read_bytes() for p in (d / "checkpoints").glob("step_*.pt")}
+    for p, data in ckpts.items():  # every checkpoint damaged: CorruptFileError on any resume
+        p.write_bytes(data[:-100] + bytes(100))
+    for extra in ([], ["steps=9"]):  # the same command, and an extension: both stop before a new step
+        r = _cli(d, base_cache, *extra)
+        assert r.returncode != 0 and "CorruptFileError" in r.stderr, r.stderr
+        assert _record(d) == before, extra  # summary, config, metrics, logs: byte for byte
+    for p, data in ckpts.items():
+        p.write_bytes(data)
+    # an extension that fails after one new step: summary.json says failed, the finished run stays readable
+    r = _cli(d, base_cache, "steps=9", inject=FAIL_AT_THE_SECOND_NEW_STEP)
+    assert r.returncode != 0 and "injected failure" in r.stderr, r.stderr
+    assert json.loads((d / "summary.json").read_text())["status"] == "failed"
+    assert [row["step"] for row in read_jsonl(d / "metrics.jsonl")] == list(range(1, 8))
+    assert (d / FINISHED_SUMMARY).read_bytes() == before["summary.json"]
+    assert (d / FINISHED_CONFIG).read_bytes() == before["config_resolved.yaml"]
+    run = load_run(d)
+    assert run.status == "completed" and run.summary["steps_completed"] == 6 and "extension failed" in run.error
+    assert list(run.metrics["step"]) == list(range(1, 7)) and run.config["steps"] == 6
+    # the extension, re-run, completes: its record supersedes the kept copies
+    r = _cli(d, base_cache, "steps=9")
+    assert r.returncode == 0, r.stderr
+    assert not (d / FINISHED_SUMMARY).exists() and not (d / FINISHED_CONFIG).exists()
+    assert load_run(d).status == "completed" and load_run(d).summary["steps_completed"] == 9
