@@ -53,6 +53,34 @@ class KVCache:
             key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
         )
 
+    def append(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, write: torch.Tensor | None, upto: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, H, t, Dh) and return the keys/values attention reads.
+
+        ``write`` None: the dynamic path, at ``length`` (a host int), reading the filled prefix.
+        ``write`` a (1,) long device tensor: the static decode step (t = 1) writes there with no host
+        value involved (CUDA-graph safe) and reads the whole buffer (``upto`` None, static shapes; the
+        key mask hides unwritten positions) or its first ``upto`` positions (the exact CPU form).
+        """
+        keys, values = self.keys[layer], self.values[layer]
+        if write is None:
+            start = self.length
+            keys[:, :, start : start + k.shape[2]] = k
+            values[:, :, start : start + k.shape[2]] = v
+            end = start + k.shape[2]
+        else:
+            keys.index_copy_(2, write, k.to(keys.dtype))
+            values.index_copy_(2, write, v.to(values.dtype))
+            end = keys.shape[2] if upto is None else upto
+        return keys[:, :, :end], values[:, :, :end]
+
+    def static_mask(self, write: torch.Tensor, upto: int | None) -> torch.Tensor:
+        """Mark position ``write`` as a real token; the (B, 1, 1, T) attention mask of a decode step."""
+        self.key_mask.index_fill_(1, write, True)
+        km = self.key_mask if upto is None else self.key_mask[:, :upto]
+        return km[:, None, None, :]
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -73,17 +101,15 @@ class Block(nn.Module):
         attn_mask: torch.Tensor,
         cache: KVCache | None = None,
         layer: int = 0,
+        write: torch.Tensor | None = None,
+        upto: int | None = None,
     ) -> torch.Tensor:
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
         if cache is not None:
-            start = cache.length
-            cache.keys[layer][:, :, start : start + t] = k
-            cache.values[layer][:, :, start : start + t] = v
-            k = cache.keys[layer][:, :, : start + t]
-            v = cache.values[layer][:, :, : start + t]
+            k, v = cache.append(layer, k, v, write, upto)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(b, t, d)
@@ -119,6 +145,11 @@ class TransformerPolicy(nn.Module):
     def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """Full (teacher-forced) forward. ids, key_mask: (B, T). Returns logits (B, T, V), or only
         the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt)."""
+        return self.lm_head(self.hidden(ids, key_mask, keep))
+
+    def hidden(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """The LM head's input (B, T or keep, D): ``forward`` is ``lm_head(hidden(...))``, so the
+        log-probs can run the head a chunk of positions at a time (rollout.token_logprobs)."""
         t = ids.shape[1]
         pos = positions(key_mask)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
@@ -130,7 +161,7 @@ class TransformerPolicy(nn.Module):
             x = blk(x, attn[:, None])
         if keep > 0:
             x = x[:, -keep:]
-        return self.lm_head(self.ln_f(x))
+        return self.ln_f(x)
 
     def new_cache(self, batch: int, max_len: int, device: torch.device) -> KVCache:
         h = self.cfg.n_heads
@@ -154,6 +185,19 @@ class TransformerPolicy(nn.Module):
             x = blk(x, attn[:, None], cache=cache, layer=i)
         cache.length = total
         return self.lm_head(self.ln_f(x))
+
+    def decode_step(
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, write: torch.Tensor, upto: int | None = None
+    ) -> torch.Tensor:
+        """One token per row with static shapes: ids, pos (B, 1) at cache index ``write`` ((1,) long,
+        on the device). Returns logits (B, V). No host value is read (CUDA-graph capturable) when
+        ``upto`` is None; ``upto`` = write + 1 reads only the filled prefix, which is exactly
+        ``forward_cached``'s computation (decode.py, the exact CPU form)."""
+        attn = cache.static_mask(write, upto)
+        x = self.tok_emb(ids) + self.pos_emb(pos)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, attn, cache=cache, layer=i, write=write, upto=upto)
+        return self.lm_head(self.ln_f(x))[:, -1]
 
     # -- accounting
     def matmul_params(self) -> int:

@@ -18,6 +18,7 @@ from prorl_bench.model import positions
 from prorl_bench.tokenizers import CharTokenizer
 
 _NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
+DECODE_IMPLS = ("dynamic", "static", "graph")  # generate(impl=...): see generate and decode.py
 
 
 @dataclass
@@ -78,15 +79,35 @@ def generate(
     generator: torch.Generator | None = None,
     greedy: bool = False,
     top_p: float = 1.0,
+    impl: str | None = None,
 ) -> Rollout:
     """Sample completions with a KV cache; stop early once every row has emitted EOS.
 
     ``tok`` is any tokenizer with PAD/EOS ids and ``banned_ids`` (CharTokenizer, HFTokenizer). The
     completion mask is tracked from the done flags, not from ``!= PAD``, so a tokenizer whose PAD is
     its EOS (HF models without a pad token) keeps the EOS token in the mask.
+
+    ``impl`` (default: the policy's ``decode_impl`` attribute, set from ``hardware.decode`` by
+    ``policies.load_base_policy``, else ``dynamic``): ``dynamic`` is this function's loop; ``static``
+    and ``graph`` run ``decode.generate_static`` (no per-token host sync; ``graph`` with static shapes,
+    a CUDA graph on CUDA). ``static`` gives bit-identical results; see decode.py for ``graph``.
     """
     b, p = prompt_ids.shape
     device = prompt_ids.device
+    # On GPU, checking `done.all()` is a host sync: do it every few tokens only.
+    check_every = 1 if device.type == "cpu" else 8
+    impl = impl or getattr(policy, "decode_impl", "dynamic")
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"decode impl {impl!r}: allowed {DECODE_IMPLS}")
+    if impl != "dynamic":
+        from prorl_bench.decode import generate_static, supports_static
+
+        if not supports_static(policy):
+            raise ValueError(f"decode impl {impl!r} needs a policy with decode_step ({type(policy).__name__} has none)")
+        return generate_static(
+            policy, tok, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, generator, greedy, top_p,
+            full=impl == "graph", check_every=check_every,
+        )  # fmt: skip
     cache = policy.new_cache(b, p + max_new_tokens, device)
     pos = positions(prompt_mask)
     logits = policy.forward_cached(prompt_ids, prompt_mask, pos, cache)[:, -1]
@@ -95,8 +116,6 @@ def generate(
     live = torch.zeros((b, max_new_tokens), dtype=torch.bool, device=device)  # token t is generated
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ones = torch.ones(b, 1, dtype=torch.bool, device=device)
-    # On GPU, checking `done.all()` is a host sync: do it every few tokens only.
-    check_every = 1 if device.type == "cpu" else 8
     banned = _banned(tok)
     for t in range(max_new_tokens):
         z = policy_logits(logits, temperature, banned)
