@@ -93,7 +93,6 @@ def test_static_decode_is_the_dynamic_sampler_bit_for_bit(make, kw):
 def test_rows_end_at_different_lengths_and_early_stop_is_exercised():
     """The configurations above test what they claim: EOS ends some rows early, others run on, and
     the call stops before max_new_tokens once every row has ended."""
-    pol = _policy()
     for make in (_policy, _fast_policy):
         r, _ = _run(make(), "static", n=9, temperature=1.0)
         lens = r.completion_mask.sum(-1)
