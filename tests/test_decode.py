@@ -193,3 +193,25 @@ def test_unknown_impl_and_unsupported_policy_are_refused():
 
     with pytest.raises(ValueError, match="decode_step"):
         generate(NoStep(), TOK, *TOK.encode_prompts(["R1="]), 3, 1.0, impl="static")
+
+
+def test_hardware_decode_resolves_by_policy_and_device():
+    """auto: static for the native/fast policies on CPU (bit-identical, measured no slower), graph on
+    CUDA, dynamic for HF-module policies; an explicit static/graph on an HF-module policy is refused."""
+    from prorl_bench.config import ConfigError
+    from prorl_bench.policies import decode_impl
+
+    from .conftest import make_config
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    native = _policy()
+    auto = make_config([])
+    assert decode_impl(auto, native, cpu) == "static" and decode_impl(auto, native, cuda) == "graph"
+
+    class HFModule(torch.nn.Module):  # forward_cached but no decode_step, as HFCausalLMPolicy
+        def new_cache(self, *a): ...
+
+    assert decode_impl(auto, HFModule(), cuda) == "dynamic"
+    assert decode_impl(make_config(["hardware.decode=dynamic"]), native, cuda) == "dynamic"
+    with pytest.raises(ConfigError, match="hardware.decode"):
+        decode_impl(make_config(["hardware.decode=graph"]), HFModule(), cpu)
