@@ -217,6 +217,18 @@ def _decoder(policy, key: tuple, make) -> StaticDecoder:
     return per[key]
 
 
+def _python_state(policy: torch.nn.Module) -> tuple:
+    """Module state a captured graph would bake in: dual-LoRA scales (routing evaluation), LoRA weight
+    overrides (adapter references), routing masks, train/eval mode. A change gets its own graph."""
+    state = [policy.training]
+    for m in policy.modules():
+        for name in ("scales", "override", "row_mask"):
+            if hasattr(m, name):
+                v = getattr(m, name)
+                state.append(v if name == "scales" else tuple(id(t) for t in v) if isinstance(v, tuple) else id(v))
+    return tuple(state)
+
+
 def capacity_for(needed: int, full: bool) -> int:
     """Cache length: exactly ``needed`` for the prefix form; rounded up to a multiple of 32 for the
     whole-buffer form, so rollouts whose prompts differ by a few tokens share one decoder (one graph)."""
@@ -236,6 +248,7 @@ def generate_static(policy, tok, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     device = prompt_ids.device
     graph = full and device.type == "cuda"
     params = tuple(t.data_ptr() for t in policy.parameters())  # LoRA growth replaces tensors: a new graph
+    params += _python_state(policy) if graph else ()
     # a graph is bound to the generator it captured (registered); an eager decoder takes it per call
     ac = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")) if graph else None
     key = (b, capacity_for(p + max_new_tokens, full), max_new_tokens, temperature, top_k, top_p, greedy,

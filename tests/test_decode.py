@@ -215,3 +215,19 @@ def test_hardware_decode_resolves_by_policy_and_device():
     assert decode_impl(make_config(["hardware.decode=dynamic"]), native, cuda) == "dynamic"
     with pytest.raises(ConfigError, match="hardware.decode"):
         decode_impl(make_config(["hardware.decode=graph"]), HFModule(), cpu)
+
+
+def test_graph_key_sees_the_module_state_a_graph_would_bake_in():
+    """A captured graph replays Python-level module state as captured: dual-LoRA scales (routing
+    evaluation) and train/eval mode must select another decoder, not reuse a stale graph."""
+    from prorl_bench.decode import _python_state
+    from prorl_bench.dual_lora import adapter_scales, attach_dual_lora
+
+    pol = _policy()
+    attach_dual_lora(pol, ["qkv"], 2, 2, 4.0, True)
+    plain = _python_state(pol)
+    with adapter_scales(pol, "retain_only"):
+        assert _python_state(pol) != plain
+    assert _python_state(pol) == plain
+    pol.train()
+    assert _python_state(pol) != plain
