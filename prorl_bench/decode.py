@@ -161,8 +161,10 @@ class StaticDecoder:
         """Capture ``step`` as a CUDA graph on the current buffers; False (with a warning) if torch cannot.
 
         Runs before ``start``: the warm-up steps write garbage that ``start`` overwrites, and they draw
-        from a scratch generator, so the run's generator is untouched. A non-default generator must be
-        registered with the graph (``CUDAGraph.register_generator_state``, torch >= 2.5).
+        from a scratch generator, so the run's generator is untouched. Each warm-up step and the captured
+        one start from cache index 0 and token index 0 (they write index 1: max_new_tokens >= 2). A
+        non-default generator must be registered with the graph (``CUDAGraph.register_generator_state``,
+        torch >= 2.5; without it: a warning and eager decoding).
         """
         dev = self.cache.key_mask.device
         scratch = torch.Generator(device=dev).manual_seed(0) if generator is not None else None
@@ -229,6 +231,24 @@ def _python_state(policy: torch.nn.Module) -> tuple:
     return tuple(state)
 
 
+def _decode_loop(dec: StaticDecoder, max_new_tokens: int, check_every: int) -> int:
+    """Advance until every row ended (read every ``check_every`` tokens) or the budget is spent;
+    returns the index of the last sampled token."""
+    t = 0
+    while True:
+        last = t == max_new_tokens - 1
+        if last or (t + 1) % check_every == 0:
+            if bool(dec.bad):
+                raise NonFiniteError(
+                    f"non-finite policy logits while sampling up to token {t} (the weights hold NaN/inf, or the "
+                    "temperature over/underflows): the run cannot continue"
+                )
+            if last or bool(dec.done.all()):
+                return t
+        dec.advance()
+        t += 1
+
+
 def capacity_for(needed: int, full: bool) -> int:
     """Cache length: exactly ``needed`` for the prefix form; rounded up to a multiple of 32 for the
     whole-buffer form, so rollouts whose prompts differ by a few tokens share one decoder (one graph)."""
@@ -257,22 +277,14 @@ def generate_static(policy, tok, prompt_ids: torch.Tensor, prompt_mask: torch.Te
         policy, b, key[1], max_new_tokens, device, tok.PAD, tok.EOS, tuple(tok.banned_ids), temperature, top_k,
         top_p, greedy, full,
     ))  # fmt: skip
-    if graph and dec.cuda_graph is None and not dec.capture_failed:
-        dec.capture_failed = not dec.capture(generator)
-    dec.start(prompt_ids, prompt_mask, generator)
-    t = 0
-    while True:
-        last = t == max_new_tokens - 1
-        if last or (t + 1) % check_every == 0:
-            if bool(dec.bad):
-                raise NonFiniteError(
-                    f"non-finite policy logits while sampling up to token {t} (the weights hold NaN/inf, or the "
-                    "temperature over/underflows): the run cannot continue"
-                )
-            if last or bool(dec.done.all()):
-                break
-        dec.advance()
-        t += 1
+    # the graph form records no autograd history (a captured step could not replay it anyway); the
+    # exact form keeps the caller's grad mode, as the dynamic path does, so it picks the same kernels
+    with torch.no_grad() if graph else nullcontext():
+        # one token never advances (and the capture's step writes token index 1): nothing to capture
+        if graph and max_new_tokens >= 2 and dec.cuda_graph is None and not dec.capture_failed:
+            dec.capture_failed = not dec.capture(generator)
+        dec.start(prompt_ids, prompt_mask, generator)
+        t = _decode_loop(dec, max_new_tokens, check_every)
     out, live = dec.out[:, : t + 1].clone(), dec.live[:, : t + 1].clone()
     ids = torch.cat([prompt_ids, out], dim=1)
     key_mask = torch.cat([prompt_mask, torch.ones_like(out, dtype=torch.bool)], dim=1)
