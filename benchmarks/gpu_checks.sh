@@ -6,10 +6,11 @@
 #   bash benchmarks/gpu_checks.sh speed    # 0.5B, 151,936-token vocab: this round's paths vs the previous ones (~9 min)
 #   bash benchmarks/gpu_checks.sh profile  # the same, 1 repeat, GPU busy fraction per side               (~6 min)
 #   bash benchmarks/gpu_checks.sh char     # 0.5B layers with the 192-token vocab, and last round's 0.48B LLaMA (~8 min)
-#   bash benchmarks/gpu_checks.sh all      # all four in order (more than the device tool's 10 min per call)
+#   bash benchmarks/gpu_checks.sh options  # 0.5B: each of this round's settings switched off alone (~6 min)
+#   bash benchmarks/gpu_checks.sh all      # all of them in order (more than the device tool's 10 min per call)
 #
-# One device-tool call per stage fits its 10-minute limit; the four take ~28 of a session's 30 minutes,
-# so run `tests` and `speed` first. Logs and JSON results go to $OUT (or ./gpu_logs); each stage has
+# One device-tool call per stage fits its 10-minute limit; a session's 30 minutes hold four of them,
+# so run `tests` and `speed` first, then `profile` and `options` (or `char`). Logs and JSON results go to $OUT (or ./gpu_logs); each stage has
 # its own time limit so a hang cannot eat the rest. REPEATS and SIDES override the defaults.
 set -u
 OUT=${OUT:-gpu_logs}
@@ -61,11 +62,18 @@ run_char() {
         --results "$OUT/bench_048b_llama.json"
 }
 
+run_options() {  # what each setting buys: the new defaults, then one setting back to the previous round's
+    stage options_05b 560 $BENCH --size 0.5b --repeats 1 --sides "${SIDES:-prorl_fast,prorl_fast@decode=static,\
+prorl_fast@decode=dynamic,prorl_fast@adamw=foreach,prorl_fast@update_norm=device,prorl_fast@update_norm=off}" \
+        --results "$OUT/options_05b.json"
+}
+
 case ${1:-tests} in
 tests) run_tests ;;
 speed) run_speed ;;
 profile) run_profile ;;
 char) run_char ;;
-all) run_tests; run_speed; run_profile; run_char ;;
-*) echo "usage: $0 tests|speed|profile|char|all" >&2; exit 2 ;;
+options) run_options ;;
+all) run_tests; run_speed; run_profile; run_options; run_char ;;
+*) echo "usage: $0 tests|speed|profile|char|options|all" >&2; exit 2 ;;
 esac
