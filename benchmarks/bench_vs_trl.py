@@ -2,7 +2,9 @@
 
     python benchmarks/bench_vs_trl.py                 # builds the model, runs every side, prints the table
     python benchmarks/bench_vs_trl.py --threads 2 --steps 6 --warmup-steps 2 --repeats 2
-    python benchmarks/bench_vs_trl.py --device cuda --size 0.5b --repeats 3   # a GPU, a ~0.5B model, bf16
+    python benchmarks/bench_vs_trl.py --device cuda --size 0.5b --repeats 3   # a GPU, Qwen2.5-0.5B's shapes, bf16
+    python benchmarks/bench_vs_trl.py --device cuda --size 0.5b --vocab char  # the same layers, 192-token vocabulary
+    python benchmarks/bench_vs_trl.py --sides prorl_fast,prorl_fast@decode=dynamic  # a prorl side with other settings
 
 Sides (each a fresh ``python benchmarks/bench_vs_trl.py --side NAME`` process, run one after another
 on this machine with the same torch thread count):
@@ -14,7 +16,12 @@ on this machine with the same torch thread count):
 * ``prorl_hf``     prorl-bench, ``model=hf_causal_lm`` on the same directory, HF module forward
 * ``prorl_fast``   prorl-bench, same directory, the fast LLaMA forward (``model.impl=fast``; ``auto``'s
                    pick on CUDA)
-* ``prorl_native`` prorl-bench's native policy with (about) the same parameter count
+* ``prorl_native`` prorl-bench's native policy with (about) the same parameter count (its own
+                   character vocabulary: ``--vocab`` does not apply to it)
+
+A prorl side may carry settings after ``@``: ``prorl_fast@decode=dynamic+update_norm=device+adamw=foreach``
+(``hardware.decode``, ``hardware.update_norm``, ``algo.adamw_impl``; default ``auto`` for each), so the
+paths this round added can be compared with the earlier ones in one interleaved run.
 
 Identical on every side: model weights (one ``save_pretrained`` directory, built once, random init,
 ``--size``), prompts ("[BOS]R<6 digits>=", the reverse-digits task, same reward function),
@@ -30,10 +37,16 @@ prorl-bench does not checkpoint, so the work stays identical). ``--device cuda``
 bf16 autocast over fp32 master weights (TRL ``bf16=True``, prorl-bench ``hardware.dtype=bf16``) and
 TF32. Step ends are taken after ``torch.cuda.synchronize()``. MFU is against the trainer's measured
 matmul peak (``accounting.measured_matmul_peak``: bf16 8192^3 on CUDA).
-``--size`` picks the model: ``tiny`` (~0.84M, hidden 128 x 4 layers) or ``0.5b`` (hidden 1280 x 24
-layers, 20 heads, MLP 3456: ~0.47B; the native side d_model 1280 x 24 layers, ~0.47B). The
-vocabulary is the 192-token character vocabulary on every size, so a real 150k-token LM head's cost
-is not in these numbers.
+``--size`` picks the model (``SIZES``): ``tiny`` (LLaMA, ~0.84M, hidden 128 x 4 layers); ``0.5b``
+(Qwen2.5-0.5B's shapes: Qwen2, hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864, tied embeddings,
+q/k/v biases; 0.494B parameters at its 151,936-token vocabulary; the native side d_model 1088 x 24
+layers, 0.34B); ``0.48b-llama`` (the previous round's LLaMA, hidden 1280 x 24 layers, 20 heads, MLP
+3456, 0.476B). ``--vocab``: ``char`` (the 192-token character WordPiece vocabulary) or a size (e.g.
+151936): the same characters followed by ``[unused<i>]`` filler tokens up to that size, built offline,
+so the LM head, the logits and sampling have a real LM's width while the prompts, the reward and
+the completions stay the character task's (a random model samples fillers mostly: every completion
+runs to its 7-token limit on every side, still identical work). Default: 151936 for ``0.5b``,
+``char`` for the others.
 """
 
 from __future__ import annotations
@@ -50,11 +63,15 @@ import time
 from pathlib import Path
 
 PROMPTS, GROUP, COMPLETION, EPOCHS, MINIBATCHES = 8, 8, 7, 2, 2
-# --size: LLaMA shape (hidden, layers, heads, MLP) of the HF model and the native policy's (d_model, layers, heads)
+# --size: the HF model's family and shape, its default --vocab, and the native policy's (d_model, layers, heads)
 SIZES = {
-    "tiny": {"hf": (128, 4, 4, None), "native": (128, 4, 4)},
-    "0.5b": {"hf": (1280, 24, 20, 3456), "native": (1280, 24, 20)},
-}
+    "tiny": {"family": "llama", "hidden": 128, "layers": 4, "heads": 4, "kv_heads": 4, "mlp": 344, "tied": False,
+             "vocab": "char", "native": (128, 4, 4)},
+    "0.5b": {"family": "qwen2", "hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "mlp": 4864, "tied": True,
+             "vocab": "151936", "native": (1088, 24, 17)},
+    "0.48b-llama": {"family": "llama", "hidden": 1280, "layers": 24, "heads": 20, "kv_heads": 20, "mlp": 3456,
+                    "tied": False, "vocab": "char", "native": (1280, 24, 20)},
+}  # fmt: skip
 BETA, LR, EPS_LOW, EPS_HIGH, TEMPERATURE = 0.01, 1e-3, 0.2, 0.28, 1.0
 DIGITS = COMPLETION - 1  # the reversed digits + EOS fill the completion budget
 
@@ -63,6 +80,71 @@ def reward_text(completion: str, prompt: str) -> float:
     """Reverse-digits exact match: the prompt '...R123456=' wants '654321'."""
     digits = prompt.rsplit("R", 1)[-1].rstrip("=")
     return 1.0 if completion.strip() == digits[::-1] else 0.0
+
+
+# --------------------------------------------------------------------------- the model, built offline
+
+
+def padded_tokenizer(vocab_size: int | None):
+    """The character WordPiece tokenizer (``tiny_hf``), padded with ``[unused<i>]`` filler tokens to
+    ``vocab_size`` entries (None: the 192 characters and specials only)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from prorl_bench.tiny_hf import SPECIALS
+
+    chars = [chr(c) for c in range(33, 127)]
+    vocab_list = list(SPECIALS) + chars + [f"##{c}" for c in chars]
+    if vocab_size is not None:
+        if vocab_size < len(vocab_list):
+            raise SystemExit(f"--vocab {vocab_size}: at least {len(vocab_list)} (the character vocabulary)")
+        vocab_list += [f"[unused{i}]" for i in range(vocab_size - len(vocab_list))]
+    core = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab_list)}, unk_token="[UNK]",
+                                      max_input_chars_per_word=1000))  # fmt: skip
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]"
+    )
+
+
+def build_model(size: str, vocab: str, path: str) -> str:
+    """Save a random-weight checkpoint of ``SIZES[size]`` with ``vocab`` (``char`` or a size) to ``path``."""
+    import torch
+    import transformers as tf
+
+    shape = SIZES[size]
+    tok = padded_tokenizer(None if vocab == "char" else int(vocab))
+    kw = dict(vocab_size=len(tok), hidden_size=shape["hidden"], intermediate_size=shape["mlp"],
+              num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+              num_key_value_heads=shape["kv_heads"], max_position_embeddings=256, tie_word_embeddings=shape["tied"],
+              pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    if shape["family"] == "qwen2":
+        cfg, cls = tf.Qwen2Config(**kw, use_sliding_window=False), tf.Qwen2ForCausalLM
+    else:
+        cfg, cls = tf.LlamaConfig(**kw), tf.LlamaForCausalLM
+    torch.manual_seed(0)
+    model = cls(cfg)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def parse_side(side: str) -> tuple[str, dict[str, str]]:
+    """``prorl_fast@decode=dynamic+adamw=foreach`` -> ("prorl_fast", {"decode": "dynamic", "adamw": "foreach"})."""
+    name, _, rest = side.partition("@")
+    settings = dict(kv.split("=", 1) for kv in rest.split("+") if kv)
+    if name not in SIDES or (settings and not name.startswith("prorl")):
+        raise SystemExit(f"side {side!r}: allowed {sorted(SIDES)}, settings only on prorl sides")
+    bad = sorted(set(settings) - set(SETTINGS))
+    if bad:
+        raise SystemExit(f"side {side!r}: unknown settings {bad}; allowed {sorted(SETTINGS)}")
+    return name, settings
+
+
+SIDES = ("trl", "trl_gc", "prorl_hf", "prorl_fast", "prorl_native")
+SETTINGS = {"decode": "hardware.decode", "update_norm": "hardware.update_norm", "adamw": "algo.adamw_impl"}
 
 
 # --------------------------------------------------------------------------- sides
@@ -208,14 +290,16 @@ def run_trl(
 
 
 def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | None, device: str = "cpu",
-              size: str = "tiny", profile: bool = False) -> dict:  # fmt: skip
+              size: str = "tiny", profile: bool = False, settings: dict[str, str] | None = None) -> dict:  # fmt: skip
     import torch
 
     from prorl_bench import outputs
     from prorl_bench.accounting import measured_matmul_peak
     from prorl_bench.config import (
+        AdamWImpl,
         AlgoConfig,
         Config,
+        DecodeImpl,
         Device,
         DType,
         HardwareConfig,
@@ -223,10 +307,12 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         ModelConfig,
         ModelKind,
         TaskConfig,
+        UpdateNormMode,
         WarmupConfig,
     )
     from prorl_bench.trainer import train
 
+    settings = settings or {}
     torch.set_num_threads(threads)
     # the trainer's own MFU peak (bf16 8192^3 on CUDA, fp32 1024^3 on CPU): measured here, cached for the run
     peak = measured_matmul_peak(torch.device(device), torch.bfloat16 if device == "cuda" else torch.float32)
@@ -248,6 +334,7 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
             eps_low=EPS_LOW,
             eps_high=EPS_HIGH,
             temperature=TEMPERATURE,
+            adamw_impl=AdamWImpl(settings.get("adamw", "auto")),
         ),
         hardware=HardwareConfig(
             device=Device(device),
@@ -255,6 +342,8 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
             tf32=device == "cuda",
             torch_threads=threads,
             deterministic=False,
+            decode=DecodeImpl(settings.get("decode", "auto")),
+            update_norm=UpdateNormMode(settings.get("update_norm", "auto")),
         ),
         warmup=WarmupConfig(enabled=False),
         steps=warm + steps,
@@ -281,8 +370,11 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     timed = rows[warm:]
     stages = ("rollout", "reward", "old_logprob", "ref_logprob", "update")
     side = "prorl_native" if impl is None else f"prorl_{impl}"
+    if settings:
+        side += "@" + "+".join(f"{k}={v}" for k, v in sorted(settings.items()))
     return {
         "side": side,
+        "settings": settings,
         "step_times": times,
         "params": summary["base"].get("params") if isinstance(summary.get("base"), dict) else None,
         "flops_per_step": statistics.mean(r["perf/flops"] for r in timed),
@@ -322,9 +414,9 @@ def count_params(model_dir: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--side", choices=["trl", "trl_gc", "prorl_hf", "prorl_fast", "prorl_native"])
+    ap.add_argument("--side", help="run one side in this process (SIDE[@settings])")
     ap.add_argument("--sides", default="trl,prorl_hf,prorl_fast,prorl_native")
-    ap.add_argument("--model-dir", default=None, help="an HF model dir; default: build the tiny LLaMA")
+    ap.add_argument("--model-dir", default=None, help="an HF model dir; default: build --size with --vocab")
     ap.add_argument("--steps", type=int, default=6, help="timed RL steps per side")
     ap.add_argument("--warmup-steps", type=int, default=2, help="untimed RL steps first")
     ap.add_argument("--threads", type=int, default=2)
@@ -334,43 +426,41 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="GPU busy fraction of the timed steps (torch.profiler)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size (see the module docstring)")
+    ap.add_argument("--vocab", default=None, help="char | a vocabulary size, e.g. 151936 (default: the size's)")
     a = ap.parse_args()
 
     if a.side:  # one side, in this process
-        if a.side in ("trl", "trl_gc"):
+        name, settings = parse_side(a.side)
+        if name in ("trl", "trl_gc"):
             res = run_trl(
                 a.model_dir,
                 a.steps,
                 a.warmup_steps,
                 a.threads,
                 a.device,
-                checkpointing=a.side == "trl_gc",
+                checkpointing=name == "trl_gc",
                 profile=a.profile,
             )
         else:
-            impl = {"prorl_hf": "hf", "prorl_fast": "fast", "prorl_native": None}[a.side]
-            res = run_prorl(a.model_dir, a.steps, a.warmup_steps, a.threads, impl, a.device, a.size, a.profile)
+            impl = {"prorl_hf": "hf", "prorl_fast": "fast", "prorl_native": None}[name]
+            res = run_prorl(
+                a.model_dir, a.steps, a.warmup_steps, a.threads, impl, a.device, a.size, a.profile, settings
+            )
         Path(a.json).write_text(json.dumps(res))
         return
 
-    from prorl_bench.tiny_hf import build_tiny_llama
-
-    hidden, layers, heads, mlp = SIZES[a.size]["hf"]
-    model_dir = a.model_dir or str(
-        build_tiny_llama(
-            tempfile.mkdtemp(prefix="bench_llama_") + "/model",
-            hidden_size=hidden,
-            n_layers=layers,
-            n_heads=heads,
-            intermediate_size=mlp,
-        )  # fmt: skip
-    )
-    print(
-        f"model: {model_dir} ({count_params(model_dir) / 1e6:.3f}M params), threads={a.threads}, "
-        f"{PROMPTS}x{GROUP} samples/step, <= {COMPLETION} completion tokens, {EPOCHS} epochs x {MINIBATCHES} "
-        f"minibatches, beta={BETA}, lr={LR}, device={a.device}"
-    )
     sides = a.sides.split(",")
+    for s in sides:
+        parse_side(s)  # a typo fails before the model is built
+    vocab = a.vocab or SIZES[a.size]["vocab"]
+    if vocab != "char" and not vocab.isdigit():
+        raise SystemExit(f"--vocab {vocab!r}: allowed char or a vocabulary size")
+    model_dir = a.model_dir or build_model(a.size, vocab, tempfile.mkdtemp(prefix="bench_model_") + "/model")
+    print(
+        f"model: {model_dir} ({count_params(model_dir) / 1e6:.3f}M params, --size {a.size}, vocab "
+        f"{vocab_size(model_dir)}), threads={a.threads}, {PROMPTS}x{GROUP} samples/step, <= {COMPLETION} "
+        f"completion tokens, {EPOCHS} epochs x {MINIBATCHES} minibatches, beta={BETA}, lr={LR}, device={a.device}"
+    )
     results: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(a.repeats):  # interleaved, so background load hits every side alike
         for s in sides:
@@ -387,6 +477,10 @@ def main() -> None:
     report(results)
 
 
+def vocab_size(model_dir: str) -> int:
+    return int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+
+
 def report(results: dict[str, list[dict]]) -> None:
     batch = PROMPTS * GROUP
 
@@ -401,8 +495,11 @@ def report(results: dict[str, list[dict]]) -> None:
         print(f"{s:14s} {v:10.1f} {batch / v * 1e3:9.1f}   {ratio}")
     for s in results:
         meds = ", ".join(f"{statistics.median(r['step_times']) * 1e3:.1f}" for r in results[s])
-        mem = results[s][0].get("cuda_max_allocated_mb")
-        print(f"  {s}: per-repeat median ms/step {meds}" + (f"; CUDA max allocated {mem:.0f} MiB" if mem else ""))
+        mems = [r["cuda_max_allocated_mb"] for r in results[s] if r.get("cuda_max_allocated_mb")]
+        busy = [r["gpu_busy_fraction"] for r in results[s] if "gpu_busy_fraction" in r]
+        print(f"  {s}: per-repeat median ms/step {meds}"
+              + (f"; CUDA max allocated {max(mems):.0f} MiB" if mems else "")
+              + (f"; GPU busy {', '.join(f'{b:.1%}' for b in busy)} of the profiled wall" if busy else ""))  # fmt: skip
     for s in results:
         if not s.startswith("prorl"):
             continue

@@ -150,6 +150,26 @@ class DType(str, Enum):
     bf16 = "bf16"
 
 
+class DecodeImpl(str, Enum):  # hardware.decode (prorl_bench/decode.py; docs/performance.md "GPU path")
+    auto = "auto"  # graph on CUDA, static on CPU (measured as fast or faster); dynamic for HF-module policies
+    dynamic = "dynamic"  # rollout.generate's loop: attention over the filled prefix, a stop check per token on CPU
+    static = "static"  # preallocated buffers, no host sync per token; bit-identical to dynamic
+    graph = "graph"  # static shapes (whole-buffer attention), the step captured as a CUDA graph on CUDA
+
+
+class UpdateNormMode(str, Enum):  # hardware.update_norm (prorl_bench/optim.py)
+    auto = "auto"  # device on CPU, host on CUDA (the GPU memory of a weight copy is the scarce one)
+    device = "device"  # copy the trainable weights on their device before the update (exact)
+    host = "host"  # copy them to host memory, compare tensor by tensor after the update (exact, same value)
+    off = "off"  # no copy; update_norm is logged as NaN
+
+
+class AdamWImpl(str, Enum):  # algo.adamw_impl (prorl_bench/optim.py)
+    auto = "auto"  # fused on CUDA; foreach on CPU (keeps CPU trajectories bit-identical to earlier releases)
+    foreach = "foreach"  # torch's multi-tensor AdamW
+    fused = "fused"  # torch's fused AdamW kernel (CUDA; CPU too since torch 2.4)
+
+
 # --------------------------------------------------------------------------- groups
 
 
@@ -391,6 +411,7 @@ class AlgoConfig:
     adam_beta1: float = 0.9  # AdamW beta1 (first-moment decay)
     adam_beta2: float = 0.999  # AdamW beta2 (second-moment decay)
     adam_eps: float = 1e-8  # AdamW epsilon
+    adamw_impl: AdamWImpl = AdamWImpl.auto  # auto | foreach | fused (see AdamWImpl)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     lr_warmup_steps: int = 0  # linear LR warm-up at the start (and after a hard reset)
     adv_eps: float = 1e-6  # added to std in group/batch normalisation
@@ -619,6 +640,9 @@ class HardwareConfig:
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn_only)
     tf32: bool = False  # allow TF32 matmuls on CUDA
     peak_flops: float | None = None  # FLOP/s for MFU; None = measure a matmul peak once
+    decode: DecodeImpl = DecodeImpl.auto  # sampling loop: auto | dynamic | static | graph (see DecodeImpl)
+    update_norm: UpdateNormMode = UpdateNormMode.auto  # where the update_norm snapshot lives (see UpdateNormMode)
+    logits_mb: float = 256.0  # log-prob passes run the LM head on position chunks of <= this many MiB of fp32 logits
 
     def __post_init__(self) -> None:
         _require(
@@ -633,6 +657,7 @@ class HardwareConfig:
             self.peak_flops,
             "null or > 0",
         )
+        _require(self.logits_mb > 0, "hardware.logits_mb", self.logits_mb, "> 0")
         _require(
             not (self.device == Device.cpu and self.dtype == DType.bf16),
             "hardware.dtype",

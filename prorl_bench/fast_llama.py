@@ -63,6 +63,8 @@ class _Layer(nn.Module):
         attn: torch.Tensor,
         cache: KVCache | None,
         layer: int,
+        write: torch.Tensor | None = None,
+        upto: int | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         h, hkv, dh = self.h, self.hkv, self.dh
@@ -74,11 +76,7 @@ class _Layer(nn.Module):
         v = v.view(b, t, hkv, dh).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         if cache is not None:
-            s = cache.length
-            cache.keys[layer][:, :, s : s + t] = k
-            cache.values[layer][:, :, s : s + t] = v
-            k = cache.keys[layer][:, :, : s + t]
-            v = cache.values[layer][:, :, : s + t]
+            k, v = cache.append(layer, k, v, write, upto)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, enable_gqa=hkv != h)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, h * dh))
         gate, up = self.fc1(F.rms_norm(x, (x.shape[-1],), self.post_norm, self.eps)).chunk(2, dim=-1)
@@ -154,19 +152,31 @@ class FastLlamaPolicy(nn.Module):
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
     def _run(
-        self, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, cache: KVCache | None, keep: int = 0
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        attn: torch.Tensor,
+        cache: KVCache | None,
+        keep: int = 0,
+        write: torch.Tensor | None = None,
+        upto: int | None = None,
     ) -> torch.Tensor:
+        """The final-normed hidden states (B, T or keep, D), the LM head's input."""
         x = self.embed(ids)
         cos, sin = self._cos_sin(pos, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attn, cache, i)
+            x = layer(x, cos, sin, attn, cache, i, write, upto)
         if keep > 0:
             x = x[:, -keep:]
-        return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm, self.eps))
+        return F.rms_norm(x, (x.shape[-1],), self.norm, self.eps)
 
     def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """Teacher-forced logits (B, T, V), or the last ``keep`` positions' (B, keep, V) if keep > 0;
         left padding is skipped by positions and the key mask."""
+        return self.lm_head(self.hidden(ids, key_mask, keep))
+
+    def hidden(self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """The LM head's input (B, T or keep, D): ``forward`` is ``lm_head(hidden(...))``."""
         t = ids.shape[1]
         pos = positions(key_mask)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
@@ -188,9 +198,16 @@ class FastLlamaPolicy(nn.Module):
         self_pos = torch.zeros(t, total, dtype=torch.bool, device=ids.device)
         self_pos[torch.arange(t), start + torch.arange(t)] = True
         attn = ((causal & cache.key_mask[:, None, :total]) | self_pos)[:, None]
-        logits = self._run(ids, pos, attn, cache)
+        logits = self.lm_head(self._run(ids, pos, attn, cache))
         cache.length = total
         return logits
+
+    def decode_step(
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, write: torch.Tensor, upto: int | None = None
+    ) -> torch.Tensor:
+        """One token per row with static shapes (see ``TransformerPolicy.decode_step``); logits (B, V)."""
+        attn = cache.static_mask(write, upto)
+        return self.lm_head(self._run(ids, pos, attn, cache, write=write, upto=upto))[:, -1]
 
     # -- accounting
     def matmul_params(self) -> int:

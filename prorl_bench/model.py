@@ -23,7 +23,7 @@ and the stop decision needs counting: measured, RL zeroed the 4-digit inputs the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -66,6 +66,8 @@ class KVCache:
     key_mask: torch.Tensor  # (B, T_max) bool: which cached positions are real tokens
     length: int = 0
     prompt_width: int | None = None  # columns of the first (prompt) call: the answer starts after them
+    # positions=answer: anchor - prompt_width on the device, so a captured decode step reads it (decode_step)
+    answer_shift: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
 
     @classmethod
     def allocate(
@@ -86,7 +88,36 @@ class KVCache:
             keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
             values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
             key_mask=torch.zeros(batch, max_len, dtype=torch.bool, device=device),
+            answer_shift=torch.zeros(1, dtype=torch.long, device=device),
         )
+
+    def append(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, write: torch.Tensor | None, upto: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, H, t, Dh) and return the keys/values attention reads.
+
+        ``write`` None: the dynamic path, at ``length`` (a host int), reading the filled prefix.
+        ``write`` a (1,) long device tensor: the static decode step (t = 1) writes there with no host
+        value involved (CUDA-graph safe) and reads the whole buffer (``upto`` None, static shapes; the
+        key mask hides unwritten positions) or its first ``upto`` positions (the exact CPU form).
+        """
+        keys, values = self.keys[layer], self.values[layer]
+        if write is None:
+            start = self.length
+            keys[:, :, start : start + k.shape[2]] = k
+            values[:, :, start : start + k.shape[2]] = v
+            end = start + k.shape[2]
+        else:
+            keys.index_copy_(2, write, k.to(keys.dtype))
+            values.index_copy_(2, write, v.to(values.dtype))
+            end = keys.shape[2] if upto is None else upto
+        return keys[:, :, :end], values[:, :, :end]
+
+    def static_mask(self, write: torch.Tensor, upto: int | None) -> torch.Tensor:
+        """Mark position ``write`` as a real token; the (B, 1, 1, T) attention mask of a decode step."""
+        self.key_mask.index_fill_(1, write, True)
+        km = self.key_mask if upto is None else self.key_mask[:, :upto]
+        return km[:, None, None, :]
 
 
 class Block(nn.Module):
@@ -109,6 +140,8 @@ class Block(nn.Module):
         cache: KVCache | None = None,
         layer: int = 0,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        write: torch.Tensor | None = None,
+        upto: int | None = None,
     ) -> torch.Tensor:
         b, t, d = x.shape
         h = self.n_heads
@@ -118,11 +151,7 @@ class Block(nn.Module):
             qkv = torch.cat((apply_rope(qkv[:, :, :2], cos, sin), qkv[:, :, 2:]), dim=2)
         q, k, v = (z.transpose(1, 2) for z in qkv.unbind(2))
         if cache is not None:
-            start = cache.length
-            cache.keys[layer][:, :, start : start + t] = k
-            cache.values[layer][:, :, start : start + t] = v
-            k = cache.keys[layer][:, :, : start + t]
-            v = cache.values[layer][:, :, : start + t]
+            k, v = cache.append(layer, k, v, write, upto)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(b, t, d)
@@ -165,6 +194,13 @@ class TransformerPolicy(nn.Module):
         the last ``keep`` positions' (B, keep, V) when keep > 0 (the LM head skips the prompt).
         ``prompt_len``: the prompt's columns (left-padded prompts end there); ``positions=answer`` needs it,
         and takes ``T - keep + 1`` when keep > 0 (the scored completion plus the last prompt column)."""
+        return self.lm_head(self.hidden(ids, key_mask, keep, prompt_len))
+
+    def hidden(
+        self, ids: torch.Tensor, key_mask: torch.Tensor, keep: int = 0, prompt_len: int | None = None
+    ) -> torch.Tensor:
+        """The LM head's input (B, T or keep, D): ``forward`` is ``lm_head(hidden(...))``, so the
+        log-probs can run the head a chunk of positions at a time (rollout.token_logprobs)."""
         t = ids.shape[1]
         if self.answer_anchor is None:
             pos = positions(key_mask)
@@ -183,7 +219,7 @@ class TransformerPolicy(nn.Module):
             x = blk(x, attn[:, None], rope=rope)
         if keep > 0:
             x = x[:, -keep:]
-        return self.lm_head(self.ln_f(x))
+        return self.ln_f(x)
 
     def _answer_positions(self, key_mask: torch.Tensor, first_col: int, prompt_width: int) -> torch.Tensor:
         """Positions counted from the answer start: column c -> anchor + c - prompt_width (the same in every
@@ -222,6 +258,7 @@ class TransformerPolicy(nn.Module):
         if self.answer_anchor is not None:
             if start == 0:
                 cache.prompt_width = t
+                cache.answer_shift.fill_(self.answer_anchor - t)  # read on the device by decode_step
             pos = self._answer_positions(key_mask, start, cache.prompt_width)
         cache.key_mask[:, start : start + t] = key_mask
         total = start + t
@@ -234,6 +271,21 @@ class TransformerPolicy(nn.Module):
             x = blk(x, attn[:, None], cache=cache, layer=i, rope=rope)
         cache.length = total
         return self.lm_head(self.ln_f(x))
+
+    def decode_step(
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, write: torch.Tensor, upto: int | None = None
+    ) -> torch.Tensor:
+        """One token per row with static shapes: ids, pos (B, 1) at cache index ``write`` ((1,) long,
+        on the device). Returns logits (B, V). No host value is read (CUDA-graph capturable) when
+        ``upto`` is None; ``upto`` = write + 1 reads only the filled prefix, which is exactly
+        ``forward_cached``'s computation (decode.py, the exact CPU form)."""
+        attn = cache.static_mask(write, upto)
+        if self.answer_anchor is not None:  # the column is the cache index: no host value read
+            pos = (write + cache.answer_shift).expand_as(pos)
+        x, rope = self._embed(ids, pos)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, attn, cache=cache, layer=i, rope=rope, write=write, upto=upto)
+        return self.lm_head(self.ln_f(x))[:, -1]
 
     # -- accounting
     def matmul_params(self) -> int:

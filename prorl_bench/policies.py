@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from prorl_bench.base import load_or_train_base
-from prorl_bench.config import AdapterKind, Config, ConfigError, ModelKind, PromptStyle
+from prorl_bench.config import AdapterKind, Config, ConfigError, DecodeImpl, ModelKind, PromptStyle
 from prorl_bench.model import TransformerPolicy
 from prorl_bench.tasks import Task
 from prorl_bench.tokenizers import CharTokenizer
@@ -40,11 +40,40 @@ def warmup_enabled(cfg: Config) -> bool:
     return cfg.model.kind == ModelKind.native
 
 
+def decode_impl(cfg: Config, policy: torch.nn.Module, device: torch.device) -> str:
+    """``hardware.decode`` resolved for this policy and device (``auto``: see config.DecodeImpl)."""
+    from prorl_bench.decode import supports_static
+
+    want = cfg.hardware.decode
+    if want == DecodeImpl.auto:
+        if not supports_static(policy):
+            return DecodeImpl.dynamic.value
+        return DecodeImpl.graph.value if device.type == "cuda" else DecodeImpl.static.value
+    if want != DecodeImpl.dynamic and not supports_static(policy):
+        raise ConfigError(
+            f"invalid config value hardware.decode={want.value!r}: {type(policy).__name__} has no static decode "
+            "step (the native policy and model.impl=fast have one); allowed here: auto, dynamic"
+        )
+    return want.value
+
+
 def load_base_policy(
     cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The policy RL starts from, on ``device``, and a description of where it came from.
-    ``stop``: see ``base.train_base`` (a warm-up stops early when the run is told to stop)."""
+    ``stop``: see ``base.train_base`` (a warm-up stops early when the run is told to stop).
+
+    The policy carries the run's performance settings as attributes that ``rollout`` reads:
+    ``decode_impl`` (``hardware.decode`` resolved) and ``logits_mb`` (``hardware.logits_mb``)."""
+    policy, info = _load_base_policy(cfg, task, tok, device, cache_root, stop)
+    policy.decode_impl = decode_impl(cfg, policy, device)
+    policy.logits_mb = cfg.hardware.logits_mb
+    return policy, info
+
+
+def _load_base_policy(
+    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import fingerprint, load_policy
 

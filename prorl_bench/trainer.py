@@ -48,6 +48,7 @@ from prorl_bench.lifecycle import RunSession, RunState
 from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
 from prorl_bench.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.opt_state import apply_opt_reset, moment_norms
+from prorl_bench.optim import ParamSnapshot, build_adamw
 from prorl_bench.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.policies import build_tokenizer, load_base_policy
 from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
@@ -219,7 +220,7 @@ def _train(
             diag_agg = diagnostic_agg(a.loss_agg)
             ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
             trainable = [p for p in policy.parameters() if p.requires_grad]
-            params_before = [p.detach().clone() for p in trainable]  # frozen ones cannot move: no copy of them
+            params_before = ParamSnapshot(trainable, cfg.hardware.update_norm)  # frozen ones cannot move: no copy
             with acct.stage("update"):
                 for epoch in range(a.ppo_epochs if len(rows) else 0):
                     perm = rows[torch.randperm(len(rows), generator=s.shuffle_gen).to(device)]
@@ -517,20 +518,9 @@ def uses_adapter_reference(cfg: Config) -> bool:
 
 
 def build_optimizer(policy: torch.nn.Module, a) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters (adapters only when the base is frozen).
-
-    ``foreach=True``: the multi-tensor implementation also on CPU (torch picks it only on CUDA);
-    one fused loop over ~40 small tensors instead of a Python loop per tensor.
-    """
-    params = [p for p in policy.parameters() if p.requires_grad]
-    return torch.optim.AdamW(
-        params,
-        lr=a.lr,
-        betas=(a.adam_beta1, a.adam_beta2),
-        eps=a.adam_eps,
-        weight_decay=a.weight_decay,
-        foreach=True,
-    )
+    """AdamW over the trainable parameters (adapters only when the base is frozen); fused on CUDA,
+    foreach on CPU (``algo.adamw_impl``; optim.py says why)."""
+    return build_adamw([p for p in policy.parameters() if p.requires_grad], a)
 
 
 def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
@@ -553,16 +543,10 @@ def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dic
     }
 
 
-def _update_norm(before: list[torch.Tensor], trainable: list[torch.Tensor]) -> float:
-    """L2 norm of this step's parameter change (all PPO epochs/minibatches together).
-
-    ``before``: copies of the ``trainable`` parameters from before the update. One host transfer for
-    all tensors (a GPU sync per tensor otherwise); the per-tensor sums are added in order on the host.
-    """
-    if not trainable:
-        return 0.0
-    per_tensor = torch.stack([(p.detach() - b).double().square().sum() for b, p in zip(before, trainable)])
-    return sum(per_tensor.tolist()) ** 0.5
+def _update_norm(before: ParamSnapshot, trainable: list[torch.Tensor]) -> float:
+    """L2 norm of this step's parameter change (all PPO epochs/minibatches together); NaN under
+    ``hardware.update_norm=off``. ``before``: the snapshot taken before the update (optim.py)."""
+    return before.norm(trainable)
 
 
 def _count_policy_forward(acct: StepAccounting, policy: torch.nn.Module, batch, backward: bool) -> None:
