@@ -33,9 +33,10 @@ def _eos_head(pol: torch.nn.Module, eos_bias: float = 3.0) -> torch.nn.Module:
     return pol.eval()
 
 
-def _policy(scale: float = 3.0) -> TransformerPolicy:
+def _policy(scale: float = 3.0, positions: str = "learned") -> TransformerPolicy:
     torch.manual_seed(0)
-    pol = TransformerPolicy(ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64), TOK.vocab_size)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=64, positions=positions)
+    pol = TransformerPolicy(cfg, TOK.vocab_size)
     with torch.no_grad():
         for p in pol.parameters():  # a peaked, not deterministic, random policy
             p.mul_(scale)
@@ -76,7 +77,19 @@ def _run(pol, impl: str, n: int = 9, seed: int = 1, **kw):
     return r, gen
 
 
-@pytest.mark.parametrize("make", [_policy, _fast_policy], ids=["native", "fast_llama"])
+def _rope_policy():
+    return _policy(positions="rope")
+
+
+def _answer_policy():
+    return _policy(positions="answer")
+
+
+MAKERS = [_policy, _rope_policy, _answer_policy, _fast_policy]
+MAKER_IDS = ["native", "native_rope", "native_answer", "fast_llama"]
+
+
+@pytest.mark.parametrize("make", MAKERS, ids=MAKER_IDS)
 @pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_static_decode_is_the_dynamic_sampler_bit_for_bit(make, kw):
     pol = make()
@@ -108,7 +121,7 @@ def test_static_early_stop_matches_dynamic_when_every_row_ends():
     assert torch.equal(ga.get_state(), gb.get_state())
 
 
-@pytest.mark.parametrize("make", [_policy, _fast_policy], ids=["native", "fast_llama"])
+@pytest.mark.parametrize("make", MAKERS, ids=MAKER_IDS)
 def test_graph_form_decode_step_equals_the_prefix_step_to_rounding(make):
     """The whole-buffer decode step (static shapes) against the filled-prefix step, token by token."""
     pol = make()
@@ -127,7 +140,7 @@ def test_graph_form_decode_step_equals_the_prefix_step_to_rounding(make):
             tok, pos = exact.argmax(-1, keepdim=True), pos + 1
 
 
-@pytest.mark.parametrize("make", [_policy, _fast_policy], ids=["native", "fast_llama"])
+@pytest.mark.parametrize("make", MAKERS, ids=MAKER_IDS)
 @pytest.mark.parametrize("kw", CONFIGS[:3], ids=["t1", "topk", "topp"])
 def test_graph_form_samples_the_same_tokens_here(make, kw):
     """Rounding-level differences could flip a draw only where two candidates tie to ~1e-7; on these
