@@ -26,7 +26,7 @@ def toy_signed(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def _toy_double(rng: random.Random, n: int) -> tuple[str, str]:
-    """"D<digits>=" -> every digit twice (a copy variant the char policy can learn)."""
+    """ "D<digits>=" -> every digit twice (a copy variant the char policy can learn)."""
     x = "".join(rng.choice("0123") for _ in range(n))
     return x, "".join(c + c for c in x)
 
@@ -34,7 +34,9 @@ def _toy_double(rng: random.Random, n: int) -> tuple[str, str]:
 @pytest.fixture
 def toy_options():
     ADVANTAGES.register("toy_signed")(toy_signed)
-    symbol_task("toy_double", "D", lambda n: n + 2, lambda n: 2 * n)(_toy_double)
+    symbol_task("toy_double", "D", lambda n: n + 2, lambda n: 2 * n, solve=lambda x: "".join(c + c for c in x))(
+        _toy_double
+    )
     yield
     ADVANTAGES.remove("toy_signed")
     TASKS.remove("toy_double")
