@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from prorl_bench import stats
-from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep
+from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep, pair_key
 
 OUT_SUBDIR = "aggregate"
 SWEEP_DIR_FILE_ENV = "PRORL_BENCH_SWEEP_DIR_FILE"  # prorl-bench-sweep learns the sweep dir through it
@@ -264,10 +264,6 @@ def run_table(sweep: Sweep, threshold: float = DEFAULT_THRESHOLD, window: int = 
 # Settings that never make two runs different experiments (where files go, threads, logging).
 RUN_SPECIFIC = ("seed", "run_dir", "progress", "warmup.cache_dir", "hardware.torch_threads", "eval.batch")
 RUN_SPECIFIC_PREFIXES = ("tracking.", "checkpoint.")
-# What determines the base policy and the prompt stream besides the seed: runs of two groups are
-# paired by seed only when these agree (then they start from one base and see the same prompts).
-PAIRING_PREFIXES = ("task.", "model.", "warmup.")
-PAIRING_KEYS = ("algo.prompts_per_step", "algo.group_size", "algo.temperature")
 
 
 def _settings(run: RunRecord) -> dict[str, Any]:
@@ -301,18 +297,6 @@ def split_inconsistent_groups(sweep: Sweep) -> list[str]:
                 r.group = label
         notes.append(f"group {label!r} split: its runs differ in {', '.join(differing)}")
     return notes
-
-
-def pair_key(run: RunRecord) -> tuple[str, str]:
-    """(seed, everything that fixes the base and the prompt stream): equal keys pair."""
-    cfg = run.config
-    shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
-    shared.pop("warmup.cache_dir", None)
-    if not any(k.startswith("task.") for k in shared):
-        # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
-        # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).
-        return run.seed, f"unverifiable:{run.run_dir}"
-    return run.seed, repr(sorted(shared.items()))
 
 
 def default_baseline(groups: Sequence[str]) -> str | None:
