@@ -32,9 +32,7 @@ from prorl_bench.searchpath import register_resolvers
 __all__ = ["ConfigError", "Config", "to_config", "register_configs"]
 
 
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+_require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
 
 # --------------------------------------------------------------------------- enums
@@ -59,7 +57,8 @@ class LossAgg(str, Enum):
     token = "token"  # mean over all response tokens of the minibatch
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
     seq_mean_token_sum = "seq_mean_token_sum"  # verl: sum over a sequence's tokens, mean over sequences
-    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
+    # Dr. GRPO: sum over all tokens / (B * completion budget: algo.max_new_tokens or the task's), as TRL
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"
 
 
 class StallMetric(str, Enum):
@@ -749,7 +748,7 @@ class Config:
             "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
         )
         _require(
-            self.reset.trigger == "none" or (v.resets and v.reference != "none"),
+            self.reset.trigger == "none" or (v.resets and registry.REFERENCES.meta(v.reference)["model"]),
             "reset",
             self.reset.trigger,
             f"'none' with variant {v.name} (reference resets are variant C: variant.resets=true)",
@@ -868,7 +867,7 @@ ALIASES = {
     "temperature": "algo.temperature",
     "top_k": "algo.top_k",
     "lr": "algo.lr",
-    "kl_loss_type": "kl_estimator (k1|k2|k3)",
+    "kl_loss_type": "kl_estimator (a registered KL estimator, e.g. kl_estimator=k3)",
     "ref_model_sync_steps": "reset=polyak reset.every",
     "ref_model_mixup_alpha": "reset.alpha",
 }
