@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,18 @@ def test_plugin_options_validate_with_their_own_parameters(plugin):
         make_config(["variant.name=EMA", "variant.reference=ema", "+variant.params.rate=2.0"])
     with pytest.raises(ConfigError, match="reset trigger 'periodic' takes no parameters"):
         make_config(["variant=C", "reset=periodic", "+reset.params.every=3"])
+
+
+def test_step_counter_warning_reads_the_triggers_declared_period(plugin):
+    """The warning knows nothing of trigger names: a plugin trigger that declares a short period gets it."""
+    from prorl_bench.resets import StepCounterHazardWarning
+
+    hazard = ["variant=C", "reset.trigger=every_after", "opt_reset=soft"]
+    with pytest.warns(StepCounterHazardWarning, match="every 5 steps"):
+        make_config([*hazard, "+reset.params.every=5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepCounterHazardWarning)
+        make_config([*hazard, "+reset.params.every=100"])  # rare resets: no hazard
 
 
 def test_missing_plugin_module_is_a_config_error():
