@@ -84,3 +84,35 @@ def test_registry_refuses_duplicates_and_bad_names():
         reg.add("not a name", 3)
     with pytest.raises(ConfigError, match="x.y='b': allowed a"):
         reg.check("b")
+
+
+def test_option_params_are_checked_against_the_dataclass_it_registered():
+    from dataclasses import dataclass
+
+    from prorl_bench.registry import require
+
+    @dataclass
+    class Knobs:
+        k: int = 1
+        name: str = "a"
+
+        def __post_init__(self) -> None:
+            require(self.k >= 1, "x.params.k", self.k, ">= 1")
+
+    reg: Registry = Registry("x.y", "thing")
+    reg.add("with_params", object(), params=Knobs)
+    reg.add("plain", object())
+    assert reg.params("with_params", {"k": 3}, "x.params") == Knobs(k=3)
+    assert reg.params("with_params", None, "x.params") == Knobs()  # defaults
+    assert reg.params("with_params", {"k": "4"}, "x.params") == Knobs(k=4)  # converted as the schema does
+    assert reg.params("plain", {}, "x.params") is None
+    with pytest.raises(ConfigError, match=r"x.params.k=0: allowed >= 1"):
+        reg.params("with_params", {"k": 0}, "x.params")
+    with pytest.raises(ConfigError, match=r"unknown config key x.params.kk: thing 'with_params' takes k, name"):
+        reg.params("with_params", {"kk": 1}, "x.params")
+    with pytest.raises(ConfigError, match=r"invalid config value x.params"):
+        reg.params("with_params", {"k": "many"}, "x.params")
+    with pytest.raises(ConfigError, match=r"thing 'plain' takes no parameters"):
+        reg.params("plain", {"k": 1}, "x.params")
+    with pytest.raises(ValueError, match="dataclass"):
+        reg.add("bad", object(), params=dict)
