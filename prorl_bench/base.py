@@ -44,7 +44,7 @@ class WarmupFailed(RuntimeError):
 
 
 PolicyFactory = Callable[[], torch.nn.Module]
-StopCheck = Callable[[], 'int | None']  # the signal that asked the run to stop, or None
+StopCheck = Callable[[], "int | None"]  # the signal that asked the run to stop, or None
 
 
 def base_key(cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -233,4 +233,3 @@ class ReasoningGymTask:
         if self._train is not None and name in self._train:
             return self._train[name]
         return self._dataset(name, self.rg_cfg.val_seed, 1)
-
