@@ -282,7 +282,7 @@ class KLConfig:
     # loss: beta*KL in the loss (GRPO); reward: -beta*KL folded into the reward (PPO-RLHF)
     placement: KLPlacement = KLPlacement.loss
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
-    kl_clamp: float = 10.0  # k3 only: its per-token value is clamped to +-kl_clamp (kl.py says why)
+    kl_clamp: float = 10.0  # estimators registered clamped=True (k3): per-token value clamped to +-kl_clamp (kl.py)
     # theta_over_ref; or ref_over_old (ProRL v2 blog formula, reward placement only)
     k2_mode: K2Mode = K2Mode.theta_over_ref
 
