@@ -4,12 +4,17 @@ All return advantages of the same shape, one scalar per sequence (broadcast over
 Standard deviations are the unbiased (n-1) estimates, as torch.std, TRL and verl use.
 
 Adding an estimator: a function ``(rewards (N, G), eps) -> advantages (N, G)`` decorated with
-``@ADVANTAGES.register("name")`` (here or in any module imported before the config is validated);
-``algo.advantage=name`` then selects it. ``zero_flat_groups=False`` opts out of zeroing the
-advantages of all-equal groups (for estimators that normalise over the batch by design).
+``@ADVANTAGES.register("name")`` (here or in a plugin module, docs/extending.md); ``algo.advantage=name``
+then selects it. Metadata it may declare: ``centres_per_group=False`` when its advantages are not
+centred within each group (an all-equal group then keeps what the estimator gives it, instead of
+exactly 0; e.g. batch whitening); ``params=MyParams`` (a dataclass) to take ``algo.advantage_params``,
+passed as ``params=``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -32,7 +37,7 @@ def rloo(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return rewards - (total - rewards) / (g - 1)
 
 
-@ADVANTAGES.register("reinforce_pp_baseline", zero_flat_groups=False)
+@ADVANTAGES.register("reinforce_pp_baseline", centres_per_group=False)
 def reinforce_pp_baseline(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """ProRL v2 / REINFORCE++-baseline: R~ = R - mean_g(R); A = (R~ - mean_batch R~) / std_batch R~."""
     centred = rewards - rewards.mean(dim=1, keepdim=True)
@@ -50,8 +55,10 @@ def dr_grpo(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return rewards - rewards.mean(dim=1, keepdim=True)
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Advantages (N, G); a group whose rewards are all equal gets exactly 0 (group estimators).
+def compute_advantages(name: str, rewards: torch.Tensor, eps: float = 1e-6, params: Any = None) -> torch.Tensor:
+    """Advantages (N, G); a group whose rewards are all equal gets exactly 0 (estimators centred per
+    group). ``params``: the estimator's parameters (``algo.advantage_params`` as a mapping, or the
+    instance of its params dataclass).
 
     In float32 a group whose rewards are all equal but not exactly representable (0.6, 1/3, partial
     credit) gets mean != each reward by rounding, so after the std division |A| reaches ~0.06 with
@@ -59,12 +66,15 @@ def compute_advantages(name: str, rewards: torch.Tensor, eps: float = 1e-6) -> t
     carry no information, so their advantages are set to exactly 0. Other groups are untouched
     (binary rewards were already exact: trajectories are unchanged). REINFORCE++-baseline whitens
     over the batch, which moves flat groups by design; it is left as defined (registered with
-    ``zero_flat_groups=False``).
+    ``centres_per_group=False``).
     """
     if rewards.dim() != 2 or rewards.shape[1] < 2:
         raise ValueError(f"rewards must be (prompts, group>=2), got shape {tuple(rewards.shape)}")
-    adv = ADVANTAGES[name](rewards, eps)
-    if ADVANTAGES.meta(name).get("zero_flat_groups", True):
+    if params is None or isinstance(params, Mapping):
+        params = ADVANTAGES.params(name, params, "algo.advantage_params")
+    fn = ADVANTAGES[name]
+    adv = fn(rewards, eps) if params is None else fn(rewards, eps, params=params)
+    if ADVANTAGES.meta(name).get("centres_per_group", True):
         adv = adv.masked_fill(~informative_groups(rewards)[:, None], 0.0)
     return adv
 

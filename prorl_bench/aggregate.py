@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from prorl_bench import stats
 from prorl_bench.registry import ConfigError
 from prorl_bench.study import REQUIRED_BLOCKS, Endpoint, StudyConfig, study_from_dict
-from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep
+from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep, pair_key
 
 OUT_SUBDIR = "aggregate"
 SWEEP_DIR_FILE_ENV = "PRORL_BENCH_SWEEP_DIR_FILE"  # prorl-bench-sweep learns the sweep dir through it
@@ -290,10 +290,6 @@ def _fill_blocks(df: pd.DataFrame) -> pd.DataFrame:
 # node: which seed block a run belongs to is handled as the block, not as a setting).
 RUN_SPECIFIC = ("seed", "run_dir", "progress", "warmup.cache_dir", "hardware.torch_threads", "eval.batch")
 RUN_SPECIFIC_PREFIXES = ("tracking.", "checkpoint.", "study.")
-# What determines the base policy and the prompt stream besides the seed: runs of two groups are
-# paired by seed only when these agree (then they start from one base and see the same prompts).
-PAIRING_PREFIXES = ("task.", "model.", "warmup.")
-PAIRING_KEYS = ("algo.prompts_per_step", "algo.group_size", "algo.temperature")
 
 
 @dataclass
@@ -336,18 +332,6 @@ def split_inconsistent_groups(sweep: Sweep) -> list[str]:
         if differing:
             notes.append(f"group {label!r} split: its runs differ in {', '.join(differing)}")
     return notes
-
-
-def pair_key(run: RunRecord) -> tuple[str, str]:
-    """(seed, everything that fixes the base and the prompt stream): equal keys pair."""
-    cfg = run.config
-    shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
-    shared.pop("warmup.cache_dir", None)
-    if not any(k.startswith("task.") for k in shared):
-        # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
-        # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).
-        return run.seed, f"unverifiable:{run.run_dir}"
-    return run.seed, repr(sorted(shared.items()))
 
 
 def default_baseline(groups: Sequence[str]) -> str | None:

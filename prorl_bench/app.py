@@ -20,6 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import searchpath
+from prorl_bench.confhelp import register_help
 from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.guards import STOP_FILE, Preempted, SweepStopped, ignore_stop_signals_between_jobs
 from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
@@ -27,6 +28,7 @@ from prorl_bench.record import RecordSnapshot, drop_finished_copies
 from prorl_bench.rundir import RunDirBusy, has_previous_run
 
 register_configs()
+register_help()  # `prorl-bench --help`: every key with its default and meaning
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (re-running the same command resumes)
 

@@ -44,7 +44,7 @@ class WarmupFailed(RuntimeError):
 
 
 PolicyFactory = Callable[[], torch.nn.Module]
-StopCheck = Callable[[], 'int | None']  # the signal that asked the run to stop, or None
+StopCheck = Callable[[], "int | None"]  # the signal that asked the run to stop, or None
 
 
 def base_key(cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -52,11 +52,14 @@ def base_key(cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]
     warm = dataclasses.asdict(cfg.warmup)
     warm.pop("cache_dir")
     warm.pop("enabled", None)
+    task = dataclasses.asdict(cfg.task)
+    if not task.get("params"):  # no task parameters: the key (and every cached base) is as before they existed
+        task.pop("params", None)
     return json.loads(
         json.dumps(
             {
                 "format": BASE_FORMAT,
-                "task": dataclasses.asdict(cfg.task),
+                "task": task,
                 "model": dataclasses.asdict(cfg.model),
                 "warmup": warm,
                 "temperature": cfg.algo.temperature,

@@ -75,3 +75,13 @@ def help_text() -> str:
         rows.append(f"  {key} = {_fmt(default)}" + (f"  # {text}" if text else ""))
     # "$" is doubled: Hydra fills the help template with string.Template
     return "\n".join(rows).lstrip("\n").replace("$", "$$")
+
+
+def register_help() -> None:
+    """Register the ``prorl_bench_help`` resolver that ``hydra.help.template`` (conf/config.yaml)
+    calls, so ``prorl-bench --help`` lists every key. Called by the CLI (app.py) next to
+    ``config.register_configs``; kept here so config.py never imports this module (no cycle)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("prorl_bench_help"):
+        OmegaConf.register_new_resolver("prorl_bench_help", help_text)

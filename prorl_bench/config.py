@@ -17,7 +17,6 @@ All of this happens before any model is built or any step is trained.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -34,23 +33,15 @@ from prorl_bench.study import StudyConfig
 __all__ = ["ConfigError", "Config", "to_config", "register_configs"]
 
 
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+_require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
 
 # --------------------------------------------------------------------------- enums
 
 
-
-
 class RewardKind(str, Enum):
     exact = "exact"  # 1 if the completion equals the target, else 0
     partial = "partial"  # fraction of target positions matched (length-normalised)
-
-
-
-
 
 
 class KLPlacement(str, Enum):
@@ -63,23 +54,18 @@ class K2Mode(str, Enum):
     ref_over_old = "ref_over_old"
 
 
-
-
 class LossAgg(str, Enum):
     token = "token"  # mean over all response tokens of the minibatch
     sequence = "sequence"  # mean over tokens within a sequence, then over sequences
     seq_mean_token_sum = "seq_mean_token_sum"  # verl: sum over a sequence's tokens, mean over sequences
-    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # verl / Dr. GRPO: sum over all tokens / (B * L)
-
-
+    # Dr. GRPO: sum over all tokens / (B * completion budget: algo.max_new_tokens or the task's), as TRL
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"
 
 
 class StallMetric(str, Enum):
     success_greedy = "val/success_greedy"
     success_sampled = "val/success_sampled"
     reward_mean = "val/reward_mean"
-
-
 
 
 class StepPolicy(str, Enum):
@@ -245,6 +231,7 @@ class TaskConfig:
     """
 
     name: str = "reverse_digits"  # a registered task (registry.TASKS; tasks.py lists the built-ins)
+    params: dict[str, Any] = field(default_factory=dict)  # the task's own parameters (checked by it)
     min_len: int = 3  # shortest input (symbols; per operand for add) of a built-in task
     max_len: int = 5  # longest input (symbols); sets the completion budget of built-in tasks
     # exact: 1 iff the completion equals the target; partial: fraction of positions right
@@ -255,7 +242,7 @@ class TaskConfig:
     code: CodeTaskConfig = field(default_factory=CodeTaskConfig)  # task=code only
 
     def __post_init__(self) -> None:
-        registry.TASKS.check(self.name)
+        registry.TASKS.params(registry.TASKS.check(self.name), self.params, "task.params")
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
         _require(
             self.max_len >= self.min_len,
@@ -277,6 +264,7 @@ class VariantConfig:
     # where reference logprobs come from (registry.REFERENCES; reference.py): recompute | cached | buffered | none
     reference: str = "cached"
     resets: bool = False  # the reference may be reset (reset.trigger); the C preset
+    params: dict[str, Any] = field(default_factory=dict)  # the reference strategy's own parameters (checked by it)
 
     @classmethod
     def preset(cls, name: str) -> VariantConfig:
@@ -285,7 +273,7 @@ class VariantConfig:
         return cls(name=name, reference=reference, resets=resets)
 
     def __post_init__(self) -> None:
-        registry.REFERENCES.check(self.reference)
+        registry.REFERENCES.params(registry.REFERENCES.check(self.reference), self.params, "variant.params")
         _require(self.name.isidentifier(), "variant.name", self.name, "an identifier (it labels outputs)")
         preset = VARIANT_PRESETS.get(self.name)
         if preset is not None:
@@ -312,23 +300,25 @@ VARIANT_PRESETS = {
 class KLConfig:
     """Per-token KL estimator; see prorl_bench/kl.py for the formulas."""
 
-    name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS: k1, k2, k3 in kl.py)
+    name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS; kl.py has the built-ins)
+    params: dict[str, Any] = field(default_factory=dict)  # the estimator's own parameters (checked by it)
     # loss: beta*KL in the loss (GRPO); reward: -beta*KL folded into the reward (PPO-RLHF)
     placement: KLPlacement = KLPlacement.loss
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
-    kl_clamp: float = 10.0  # k3 only: its per-token value is clamped to +-kl_clamp (kl.py says why)
+    kl_clamp: float = 10.0  # estimators registered clamped=True (k3): per-token value clamped to +-kl_clamp (kl.py)
     # theta_over_ref; or ref_over_old (ProRL v2 blog formula, reward placement only)
     k2_mode: K2Mode = K2Mode.theta_over_ref
 
     def __post_init__(self) -> None:
         _require(self.log_ratio_clamp > 0, "kl_estimator.log_ratio_clamp", self.log_ratio_clamp, "> 0")
         _require(self.kl_clamp > 0, "kl_estimator.kl_clamp", self.kl_clamp, "> 0")
+        registry.KL_ESTIMATORS.params(registry.KL_ESTIMATORS.check(self.name), self.params, "kl_estimator.params")
         _require(
-            not (registry.KL_ESTIMATORS.meta(registry.KL_ESTIMATORS.check(self.name))["reward_only"]
-                 and self.placement == KLPlacement.loss),
+            not (registry.KL_ESTIMATORS.meta(self.name).get("reward_only") and self.placement == KLPlacement.loss),
             "kl_estimator.placement",
             self.placement.value,
-            "'reward' with k1 (k1 as a loss has zero expected gradient; use k2/k3 in the loss)",
+            f"'reward' with {self.name} (as a loss its expected gradient is zero; use an estimator such as k2/k3 "
+            "in the loss)",
         )
 
 
@@ -389,6 +379,7 @@ class AlgoConfig:
     """RL algorithm knobs. lr in AdamW units; beta multiplies the KL term."""
 
     advantage: str = "grpo"  # a registered estimator (registry.ADVANTAGES; advantages.py has the built-ins)
+    advantage_params: dict[str, Any] = field(default_factory=dict)  # the estimator's own parameters (checked by it)
     prompts_per_step: int = 8  # prompts per RL step (verl train_batch_size); the batch is prompts_per_step*group_size
     group_size: int = 8  # samples per prompt (TRL num_generations, verl rollout.n)
     temperature: float = 1.0  # sampling temperature; logprobs are of logits/temperature
@@ -421,7 +412,9 @@ class AlgoConfig:
     clip_ratio_c: float | None = None
 
     def __post_init__(self) -> None:
-        registry.ADVANTAGES.check(self.advantage)
+        registry.ADVANTAGES.params(
+            registry.ADVANTAGES.check(self.advantage), self.advantage_params, "algo.advantage_params"
+        )
         if self.clip_ratio_c is not None:
             _require(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1 (or null to disable)")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")
@@ -482,6 +475,7 @@ class ResetConfig:
     alpha: float | None = None
     min_spacing: int = 0  # no two resets closer than this (steps); a condition inside it is dropped
     restore_beta: bool = False  # reset the adaptive KL coefficient to its initial value
+    params: dict[str, Any] = field(default_factory=dict)  # the trigger's own parameters (checked by it)
 
     def __post_init__(self) -> None:
         _require(self.every >= 1, "reset.every", self.every, ">= 1")
@@ -495,6 +489,7 @@ class ResetConfig:
             self.kl_threshold is None or self.kl_threshold > 0, "reset.kl_threshold", self.kl_threshold, "null or > 0"
         )
         _require(self.kl_multiple is None or self.kl_multiple > 1, "reset.kl_multiple", self.kl_multiple, "null or > 1")
+        registry.RESET_TRIGGERS.params(self.trigger, self.params, "reset.params")
         registry.RESET_TRIGGERS[self.trigger].validate(self)  # the trigger's own requirements
 
 
@@ -511,6 +506,7 @@ class OptResetConfig:
     v_factor: float = 1.0  # asym: second moment scaled by this
     step: StepPolicy = StepPolicy.keep  # keep | reset AdamW's step counter (bias correction) at a reset
     rewarmup_steps: int = 0  # after a reset ramp the LR from lr/N back to lr over N steps (0 = off)
+    params: dict[str, Any] = field(default_factory=dict)  # the transform's own parameters (checked by it)
 
     def __post_init__(self) -> None:
         for key in ("factor", "m_factor", "v_factor"):
@@ -518,6 +514,7 @@ class OptResetConfig:
             _require(0.0 <= val <= 1.0, f"opt_reset.{key}", val, "in [0, 1]")
         _require(self.rewarmup_steps >= 0, "opt_reset.rewarmup_steps", self.rewarmup_steps, ">= 0")
         # a transform may fix the step policy (hard must equal a fresh optimizer; keep changes nothing)
+        registry.OPT_TRANSFORMS.params(registry.OPT_TRANSFORMS.check(self.kind), self.params, "opt_reset.params")
         meta = registry.OPT_TRANSFORMS.meta(self.kind)
         if meta.get("step") is not None:
             _require(
@@ -764,6 +761,8 @@ class Config:
     run_dir: str | None = None  # None: Hydra's output directory
     export: ExportConfig = field(default_factory=ExportConfig)
     study: StudyConfig = field(default_factory=StudyConfig)  # a study grid's question and seed blocks (docs/studies.md)
+    # modules imported before validation that register options (docs/extending.md): plugins=[my_pkg.my_options]
+    plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _reject_nonfinite(self)
@@ -790,7 +789,7 @@ class Config:
             "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
         )
         _require(
-            self.reset.trigger == "none" or (v.resets and v.reference != "none"),
+            self.reset.trigger == "none" or (v.resets and registry.REFERENCES.meta(v.reference)["model"]),
             "reset",
             self.reset.trigger,
             f"'none' with variant {v.name} (reference resets are variant C: variant.resets=true)",
@@ -826,7 +825,7 @@ class Config:
             self.detector.name,
             "'none' unless adapter=dual_lora (labels route gradients between the retain and forget adapters)",
         )
-        _warn_step_counter_hazard(self)
+        registry.run_config_checks(self)  # cross-group checks and warnings the options' modules register
         if self.task.name == "reasoning_gym":
             _require(
                 self.task.reasoning_gym.prompt_style != PromptStyle.chat or self.model.kind != ModelKind.native,
@@ -862,29 +861,6 @@ class Config:
 
 
 MAX_SEED = 2**24
-FREQUENT_RESETS = 25  # steps: at or below this period the step-counter hazard compounds (measured)
-
-
-class StepCounterHazardWarning(UserWarning):
-    """soft/asym shrinks Adam's v while keeping its step counter, at frequent resets."""
-
-
-def _warn_step_counter_hazard(cfg: Config) -> None:
-    """Scaling Adam's second moment v down while keeping ``step`` removes the bias correction's
-    compensation: each reset multiplies the effective step size, and v recovers only at (1 - beta2)
-    per step. Repeated every <= 25 steps it collapsed learning (success 0.000 vs 0.61-0.70 for hard,
-    3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time."""
-    o, r = cfg.opt_reset, cfg.reset
-    v_scale = o.factor if o.kind == "soft" else o.v_factor if o.kind == "asym" else 1.0
-    frequent = r.trigger in ("periodic", "polyak") and r.every <= FREQUENT_RESETS
-    if cfg.variant.resets and v_scale < 1.0 and o.step == StepPolicy.keep and frequent:
-        warnings.warn(
-            f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step=keep, and resets come every "
-            f"{r.every} steps: the effective step size ratchets up at each reset (measured: learning collapses). "
-            "Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
-            StepCounterHazardWarning,
-            stacklevel=3,
-        )
 
 
 def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
@@ -898,20 +874,15 @@ def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
 
 
 def _task_lengths(task: TaskConfig, max_new_tokens: int | None = None) -> tuple[int, int]:
-    # Imported lazily: tasks.py depends on this module.
-    from prorl_bench.tasks import make_task
-
-    t = make_task(task)
+    """(longest prompt, completion budget) in tokens: the registered task is built (not imported)."""
+    t = registry.build_task(task)
     return t.max_prompt_len, max_new_tokens or t.max_completion_len
 
 
 def register_configs() -> None:
-    """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults."""
+    """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults.
+    (``prorl-bench --help``'s key list is ``confhelp.register_help``'s, called by the CLI.)"""
     register_resolvers()  # ${prorl_bench_sweeps:} in hydra.searchpath (conf/config.yaml)
-    if not OmegaConf.has_resolver("prorl_bench_help"):  # every key's help in `prorl-bench --help`
-        from prorl_bench.confhelp import help_text
-
-        OmegaConf.register_new_resolver("prorl_bench_help", help_text)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
 
@@ -945,7 +916,7 @@ ALIASES = {
     "temperature": "algo.temperature",
     "top_k": "algo.top_k",
     "lr": "algo.lr",
-    "kl_loss_type": "kl_estimator (k1|k2|k3)",
+    "kl_loss_type": "kl_estimator (a registered KL estimator, e.g. kl_estimator=k3)",
     "ref_model_sync_steps": "reset=polyak reset.every",
     "ref_model_mixup_alpha": "reset.alpha",
 }
@@ -993,6 +964,7 @@ def to_config(cfg: DictConfig) -> Config:
     the schema does not have, and ``OmegaConf.to_object`` would then drop it silently — the run would
     train with the default and record the override as applied.
     """
+    registry.load_plugins(cfg.get("plugins") or [])  # their options must exist before validation
     unknown = _unknown_keys(cfg, Config())
     if unknown:
         raise ConfigError(

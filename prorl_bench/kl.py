@@ -17,10 +17,16 @@ for l << 0; its price, stated: no KL gradient where k3 > 10, i.e. l < -2.61 or l
 
 Adding an estimator: ``@KL_ESTIMATORS.register("name", reward_only=..., clamped=...)`` on a function
 ``(logp, logp_ref, log_ratio_clamp) -> per-token values``; ``reward_only=True`` forbids it as a loss
-term (config error), ``clamped=True`` clamps its value to +-kl_clamp.
+term (config error), ``clamped=True`` clamps its value to +-kl_clamp, ``params=MyParams`` (a
+dataclass) takes ``kl_estimator.params`` (passed as ``params=``), and ``reward_form=fn(k, logp_ref,
+logp_old)`` may give the per-token penalty folded into the reward its own form (k2: the ProRL v2
+``ref_over_old`` formula when ``kl_estimator.k2_mode`` asks for it; None = the estimator itself).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -37,7 +43,12 @@ def k1(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch
     return logp - logp_ref
 
 
-@KL_ESTIMATORS.register("k2", reward_only=False, clamped=False)
+def _k2_reward_form(k: Any, logp_ref: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor | None:
+    """``kl_estimator.k2_mode=ref_over_old``: the ProRL v2 blog formula as the reward penalty."""
+    return k2_ref_over_old(logp_ref, logp_old) if k.k2_mode == "ref_over_old" else None
+
+
+@KL_ESTIMATORS.register("k2", reward_only=False, clamped=False, reward_form=_k2_reward_form)
 def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     """``clamp`` unused (no exp): the gradient is l everywhere."""
     return 0.5 * (logp - logp_ref).square()
@@ -55,10 +66,30 @@ def kl_per_token(
     logp_ref: torch.Tensor,
     log_ratio_clamp: float = 20.0,
     kl_clamp: float = 10.0,
+    params: Any = None,
 ) -> torch.Tensor:
-    """Per-token estimate of KL(theta||ref), same shape as the inputs; k3 is clamped to +-kl_clamp."""
-    value = KL_ESTIMATORS[name](logp, logp_ref, log_ratio_clamp)
-    return value.clamp(-kl_clamp, kl_clamp) if KL_ESTIMATORS.meta(name)["clamped"] else value
+    """Per-token estimate of KL(theta||ref), same shape as the inputs; k3 is clamped to +-kl_clamp.
+    ``params``: the estimator's parameters (``kl_estimator.params``), for estimators that declare them."""
+    if params is None or isinstance(params, Mapping):
+        params = KL_ESTIMATORS.params(name, params, "kl_estimator.params")
+    fn = KL_ESTIMATORS[name]
+    value = (
+        fn(logp, logp_ref, log_ratio_clamp) if params is None else fn(logp, logp_ref, log_ratio_clamp, params=params)
+    )
+    return value.clamp(-kl_clamp, kl_clamp) if KL_ESTIMATORS.meta(name).get("clamped") else value
+
+
+def kl_tokens(k: Any, logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """The configured estimator (the ``kl_estimator`` group ``k``: name, clamps, params) per token."""
+    return kl_per_token(k.name, logp, logp_ref, k.log_ratio_clamp, k.kl_clamp, k.params)
+
+
+def reward_kl_tokens(k: Any, logp_old: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-token KL penalty folded into the reward (``kl_estimator.placement=reward``): the
+    estimator's own ``reward_form`` if it registered one and it applies, else the estimator."""
+    form = KL_ESTIMATORS.meta(k.name).get("reward_form")
+    value = None if form is None else form(k, logp_ref, logp_old)
+    return kl_tokens(k, logp_old, logp_ref) if value is None else value
 
 
 @torch.no_grad()

@@ -60,6 +60,7 @@ class RunState:
             "config": config_dict(cfg),
             "policy": self.policy.state_dict(),
             "reference": self.ref.state_dict(),
+            "reference_moved": self.ref.moved,  # kl/base: is the reference still the initial base?
             "optimizer": self.optimizer.state_dict(),
             "schedule": (self.schedule.start, self.schedule.warmup),
             "kl_ctl": self.kl_ctl.state_dict(),
@@ -79,7 +80,9 @@ class RunState:
         if ckpt["adapter_rank"] > _rank(self.policy):
             grow_rank([self.policy, *self.ref.models()], ckpt["adapter_rank"], seed=0)
         self.policy.load_state_dict(ckpt["policy"])
-        self.ref.load_state_dict(ckpt["reference"])
+        # checkpoints from before "reference_moved" existed: only a reset could move the reference
+        moved = ckpt.get("reference_moved", any(r["reset"] for r in ckpt["history"]))
+        self.ref.load_state_dict(ckpt["reference"], moved=moved)
         self.optimizer = rebuild_optimizer(self.policy)
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.schedule.start, self.schedule.warmup = ckpt["schedule"]

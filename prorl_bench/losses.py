@@ -40,14 +40,19 @@ def clipped_surrogate(
     return loss, clipped
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: LossAgg) -> torch.Tensor:
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: LossAgg, norm_len: int | None = None) -> torch.Tensor:
     """Reduce per-token values (B, L) over response tokens (mask 1) to a scalar.
 
     token:    sum(values * mask) / sum(mask)                 (every token weighs the same; DAPO)
     sequence: mean_b [ sum_t(values * mask) / len_b ]        (every sequence weighs the same; GRPO)
     seq_mean_token_sum:      mean_b [ sum_t(values * mask) ]     (verl; longer sequences weigh more)
-    seq_mean_token_sum_norm: sum(values * mask) / (B * L)        (verl, Dr. GRPO: a length-free constant;
-                             L is the padded completion width of the batch, as in verl)
+    seq_mean_token_sum_norm: sum(values * mask) / (B * norm_len)  (Dr. GRPO: a length-free constant)
+
+    ``norm_len`` (tokens) is seq_mean_token_sum_norm's fixed normaliser: the completion budget
+    (``algo.max_new_tokens`` or the task's), as TRL's Dr. GRPO divides by ``max_completion_length``.
+    The batch's padded width L would change from step to step and between devices (a CPU rollout is
+    trimmed to its longest completion, a CUDA one to a multiple of 8 tokens), so the same run would
+    have a different loss scale on each; it is used only when no ``norm_len`` is given (verl's form).
     """
     mask = mask.to(values.dtype)
     mode = LossAgg(mode)
@@ -56,7 +61,10 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: LossAgg) -> torch.
     if mode == LossAgg.seq_mean_token_sum:
         return (values * mask).sum(-1).mean()
     if mode == LossAgg.seq_mean_token_sum_norm:
-        return (values * mask).sum() / mask.numel()
+        width = mask.shape[-1] if norm_len is None else norm_len
+        if width < mask.shape[-1]:
+            raise ValueError(f"seq_mean_token_sum_norm: norm_len {width} is shorter than the batch's {mask.shape[-1]}")
+        return (values * mask).sum() / (mask.shape[0] * width)
     per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
     return per_seq.mean()
 

@@ -52,8 +52,9 @@ def scale_moments(optimizer: torch.optim.Optimizer, m_factor: float, v_factor: f
 
 
 # Transforms: (cfg) -> (m_factor, v_factor, reset_step or None to follow opt_reset.step). Register
-# another with ``@OPT_TRANSFORMS.register(name, step=None|"keep"|"reset", why=...)``; ``step`` fixes
-# the step policy the config must state (checked at config time with ``why`` as the reason).
+# another with ``@OPT_TRANSFORMS.register(name, step=None|"keep"|"reset", why=..., params=...)``;
+# ``step`` fixes the step policy the config must state (checked at config time with ``why`` as the
+# reason); a ``params`` dataclass checks ``opt_reset.params`` and is passed as ``params=``.
 @OPT_TRANSFORMS.register("keep", step="keep", why="keep changes nothing")
 def keep(cfg: OptResetConfig) -> tuple[float, float, bool | None]:
     """ProRL v2: the optimizer is untouched."""
@@ -78,14 +79,21 @@ def asym(cfg: OptResetConfig) -> tuple[float, float, bool | None]:
     return cfg.m_factor, cfg.v_factor, None
 
 
+def transform_factors(cfg: OptResetConfig) -> tuple[float, float, bool]:
+    """(m factor, v factor, whether ``step`` is reset) of the configured transform (pure)."""
+    params = OPT_TRANSFORMS.params(cfg.kind, cfg.params, "opt_reset.params")
+    fn = OPT_TRANSFORMS[cfg.kind]
+    m, v, forced = fn(cfg) if params is None else fn(cfg, params=params)
+    return m, v, cfg.step == StepPolicy.reset if forced is None else forced
+
+
 def apply_opt_reset(optimizer: torch.optim.Optimizer, cfg: OptResetConfig) -> dict[str, Any]:
     """Apply the configured transform in place. Returns a description for the reset event.
 
     A transform that changes nothing (m = v = 1, step kept) only checks the state layout, so
     ``keep`` leaves the optimizer's tensors bit-for-bit untouched.
     """
-    m, v, forced = OPT_TRANSFORMS[cfg.kind](cfg)
-    reset_step = cfg.step == StepPolicy.reset if forced is None else forced
+    m, v, reset_step = transform_factors(cfg)
     if m == 1.0 and v == 1.0 and not reset_step:
         check_adam_state(optimizer)
     else:

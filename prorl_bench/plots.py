@@ -27,7 +27,7 @@ import seaborn as sns
 
 from prorl_bench import stats
 from prorl_bench.accounting import STAGES as ACCOUNTING_STAGES
-from prorl_bench.sweepdir import Sweep, group_label
+from prorl_bench.sweepdir import Sweep, group_label, pair_key
 
 STAGES = [f"time/{stage}" for stage in ACCOUNTING_STAGES]
 MARKERS = {"reset": "--", "growth": ":"}
@@ -183,8 +183,6 @@ def plot_difficulty(sweep: Sweep) -> plt.Figure | None:
 
 def plot_post_event(sweep: Sweep, baseline: str | None, width: int = 10) -> plt.Figure | None:
     """Reward at steps e-width..e+width around each event, minus the paired baseline run's reward."""
-    from prorl_bench.aggregate import pair_key
-
     base_runs = {pair_key(r): r for r in sweep.runs if group_label(sweep, r) == baseline and not r.metrics.empty}
     rows = []
     for run in sweep.runs:

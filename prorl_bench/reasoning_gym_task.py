@@ -32,6 +32,7 @@ from typing import Any
 
 from prorl_bench.config import ConfigError, PromptStyle, TaskConfig
 from prorl_bench.extras import require_extra
+from prorl_bench.registry import TASKS
 from prorl_bench.tasks import Problem
 
 
@@ -116,6 +117,7 @@ def _import_rg():
     return require_extra("reasoning_gym", "task.name=reasoning_gym", "reasoning")
 
 
+@TASKS.register("reasoning_gym")
 class ReasoningGymTask:
     """The Task interface (sample_train, val_set, score, max_*_len) over reasoning-gym generators."""
 
@@ -231,4 +233,3 @@ class ReasoningGymTask:
         if self._train is not None and name in self._train:
             return self._train[name]
         return self._dataset(name, self.rg_cfg.val_seed, 1)
-

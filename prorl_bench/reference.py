@@ -10,6 +10,12 @@ whole point of the A0/A1/A2/B axis:
 * B   NoReference         no reference model exists; the KL term is taken against pi_old.
 * C   CachedReference     as A1; resets rewrite the reference weights between steps.
 
+Every strategy is built from the same ``ReferenceContext`` (the policy, the shapes of a step, the
+device, the way the reference model is held, and its own ``variant.params``), so a new strategy is
+one class in one file. A strategy states whether its reference moves on its own (``moves``; hook:
+``before_rollout``, called before every rollout), and ``is_base`` says whether the reference model
+still equals the initial base — the trainer's ``kl/base`` reads it (a reset also moves it).
+
 Where the reference *model* comes from is a second, independent choice: a frozen deep copy of the
 policy, or — for a LoRA policy whose base is frozen — ``AdapterReference``: the policy's own frozen
 base with a separate copy of the adapter weights (zero B at the start, so exactly the base; the
@@ -21,6 +27,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +35,7 @@ import torch
 from prorl_bench.accounting import StepAccounting
 from prorl_bench.lora import LoRALinear, growth_generator, lora_layers
 from prorl_bench.registry import REFERENCES
+from prorl_bench.resets import reset_reference
 from prorl_bench.rollout import Rollout, chunked_logprobs, token_logprobs
 
 
@@ -116,16 +124,52 @@ class AdapterReference(torch.nn.Module):
             setattr(self, f"B{li}", torch.cat([b, b.new_zeros(b.shape[0], new_rank - r)], dim=1))
 
 
+@dataclass
+class ReferenceContext:
+    """What every reference strategy is built from (one context for all: ``cls(ctx)``).
+
+    ``temperature``/``banned``: how logprobs are taken (as the policy's); ``chunk``: rows per
+    teacher-forced forward (the minibatch size); ``max_batch`` x ``max_len``: the largest rollout
+    (sequences x completion tokens); ``adapter_reference``: hold the reference as the policy's frozen
+    base + its own adapters instead of a deep copy; ``params``: the strategy's ``variant.params``
+    (an instance of the dataclass it registered with ``params=``, else None).
+    """
+
+    policy: torch.nn.Module
+    temperature: float
+    banned: tuple[int, ...]
+    chunk: int
+    max_batch: int
+    max_len: int
+    device: torch.device
+    adapter_reference: bool = False
+    params: Any = None
+
+    def frozen_model(self) -> torch.nn.Module:
+        """A reference model equal to the policy now (an adapter reference or a frozen deep copy)."""
+        return AdapterReference(self.policy) if self.adapter_reference else frozen_copy(self.policy)
+
+
 class Reference:
-    """Interface. ``model`` is None when the variant has no reference model."""
+    """Interface. ``model`` is None when the variant has no reference model.
+
+    Subclasses are registered with ``@REFERENCES.register(name, per_rollout=..., model=...)``:
+    ``per_rollout``: logprobs for the whole rollout exist before the update (needed to fold the KL
+    into the reward); ``model``: a reference model exists at all; ``params``: a dataclass of its
+    ``variant.params``.
+    """
 
     model: torch.nn.Module | None = None
+    moves = False  # True: the reference changes on its own (before_rollout), not only at resets
 
-    def __init__(self, temperature: float, banned: tuple[int, ...], chunk: int, flops_per_token) -> None:
-        self.temperature = temperature
-        self.banned = banned
-        self.chunk = chunk
-        self._flops_per_token = flops_per_token
+    def __init__(self, ctx: ReferenceContext) -> None:
+        self.ctx = ctx
+        self.temperature = ctx.temperature
+        self.banned = ctx.banned
+        self.chunk = ctx.chunk
+        self._flops_per_token = ctx.policy.flops_per_token
+        self.params = ctx.params
+        self.moved = False  # the reference model no longer equals the initial base
 
     # -- what the trainer asks of every strategy
     objective = "kl_to_reference"  # the output label of the KL anchor (B: "trust_region_vs_old")
@@ -134,6 +178,20 @@ class Reference:
     def exists(self) -> bool:
         """Whether a reference model exists (False for B): KL-to-reference metrics, resets."""
         return self.model is not None
+
+    @property
+    def is_base(self) -> bool:
+        """The reference model still equals the initial base (then ``kl/base`` is ``kl/ref``)."""
+        return self.exists and not self.moved
+
+    def before_rollout(self, policy: torch.nn.Module, step: int) -> None:
+        """Called before every rollout; a moving reference (``moves = True``) updates itself here
+        and sets ``self.moved``."""
+
+    def reset_to(self, policy: torch.nn.Module, alpha: float = 1.0) -> None:
+        """A reference reset: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref."""
+        reset_reference(self.model, policy, alpha)
+        self.moved = True
 
     def models(self) -> list[torch.nn.Module]:
         """Models that must follow the policy's topology (rank growth): the reference, if any."""
@@ -146,9 +204,11 @@ class Reference:
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.model is None else self.model.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None, moved: bool = False) -> None:
+        """Restore the reference model; ``moved``: it had left the base before the checkpoint."""
         if self.model is not None:
             self.model.load_state_dict(state)
+        self.moved = moved
 
     def forward_cost(self, acct: StepAccounting, batch: Rollout) -> None:
         """Charge one reference forward over ``batch`` to the step's accounting."""
@@ -163,8 +223,6 @@ class Reference:
         raise NotImplementedError
 
 
-# per_rollout: reference logprobs exist for the whole rollout before the update (needed to fold the
-# KL into the reward); model: a reference model exists at all.
 @REFERENCES.register("none", per_rollout=False, model=False)
 class NoReference(Reference):
     """Variant B: no reference model is built; there is nothing to compute."""
@@ -179,9 +237,9 @@ class NoReference(Reference):
 class CachedReference(Reference):
     """Variants A1 and C: one reference pass per rollout, reused by every epoch and minibatch."""
 
-    def __init__(self, model: torch.nn.Module, **kw) -> None:
-        super().__init__(**kw)
-        self.model = model
+    def __init__(self, ctx: ReferenceContext) -> None:
+        super().__init__(ctx)
+        self.model = ctx.frozen_model()
         self._cache: torch.Tensor | None = None
 
     def prepare(self, batch: Rollout, acct: StepAccounting) -> None:
@@ -199,9 +257,9 @@ class BufferedReference(CachedReference):
     ``allocations`` counts buffer allocations; it stays 1 for the whole run (tested).
     """
 
-    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, device: torch.device, **kw) -> None:
-        super().__init__(model, **kw)
-        self.buffer = torch.empty(max_batch, max_len, dtype=torch.float32, device=device)
+    def __init__(self, ctx: ReferenceContext) -> None:
+        super().__init__(ctx)
+        self.buffer = torch.empty(ctx.max_batch, ctx.max_len, dtype=torch.float32, device=ctx.device)
         self.allocations = 1
 
     def prepare(self, batch: Rollout, acct: StepAccounting) -> None:
@@ -220,9 +278,9 @@ class BufferedReference(CachedReference):
 class RecomputeReference(Reference):
     """Variant A0: the deliberately wasteful baseline — a reference forward in every minibatch."""
 
-    def __init__(self, model: torch.nn.Module, **kw) -> None:
-        super().__init__(**kw)
-        self.model = model
+    def __init__(self, ctx: ReferenceContext) -> None:
+        super().__init__(ctx)
+        self.model = ctx.frozen_model()
 
     @torch.no_grad()
     def logp(self, idx: torch.Tensor, mb: Rollout, acct: StepAccounting) -> torch.Tensor:
@@ -230,30 +288,13 @@ class RecomputeReference(Reference):
         return token_logprobs(self.model, mb, self.temperature, self.banned)[0]
 
 
-def build_reference(
-    strategy: str,
-    policy: torch.nn.Module,
-    *,
-    temperature: float,
-    banned: tuple[int, ...],
-    chunk: int,
-    max_batch: int,
-    max_len: int,
-    device: torch.device,
-    adapter_reference: bool = False,
-) -> Reference:
-    """The reference strategy ``strategy`` (variant.reference); for ``none`` no model copy is made.
-
-    ``adapter_reference``: the reference model is an ``AdapterReference`` (frozen base + its own
-    adapter weights) instead of a deep copy of the policy. A registered strategy is built as
-    ``cls(model=..., max_batch=..., max_len=..., device=..., temperature=..., banned=..., chunk=...,
-    flops_per_token=...)`` and takes the keywords it needs.
-    """
-    cls = REFERENCES[strategy]
-    kw = dict(temperature=temperature, banned=banned, chunk=chunk, flops_per_token=policy.flops_per_token)
-    if not REFERENCES.meta(strategy)["model"]:
-        return cls(**kw)
-    model = AdapterReference(policy) if adapter_reference else frozen_copy(policy)
-    if cls is BufferedReference or issubclass(cls, BufferedReference):
-        return cls(model, max_batch, max_len, device, **kw)
-    return cls(model, **kw)
+def build_reference(strategy: str, ctx: ReferenceContext, params: Any = None) -> Reference:
+    """The reference strategy ``strategy`` (variant.reference) built as ``cls(ctx)``; ``params`` (the
+    ``variant.params`` mapping) is checked against the dataclass the strategy registered and put in
+    ``ctx.params``. A strategy without a model (``none``) makes no copy of the policy."""
+    ctx.params = REFERENCES.params(strategy, params, "variant.params")
+    ref = REFERENCES[strategy](ctx)
+    if REFERENCES.meta(strategy)["model"] != ref.exists:
+        declared = REFERENCES.meta(strategy)["model"]
+        raise TypeError(f"reference strategy {strategy!r} registered model={declared} but built model={ref.model!r}")
+    return ref

@@ -10,14 +10,23 @@ validation checks every axis against its registry and names the key and what is 
 same message as any other bad value. A test module (or a user's plugin module imported before the
 config is validated) can register options the package does not ship.
 
+An option that takes parameters registers a small dataclass with it (``params=MyParams``): the
+axis's ``params`` mapping in the config (``reset.params``, ``variant.params``, ``task.params``,
+``algo.advantage_params``, ``kl_estimator.params``, ``opt_reset.params``) is checked against it
+(unknown keys, types, and the dataclass's own ``__post_init__``) and the option receives the
+instance, so an option with parameters never edits ``config.py``. Other metadata (``**meta``) states
+what the rest of the bench needs to know about an option — warnings and tests read it, never names.
+
 Registries hold objects only; they import nothing of the bench. ``load_builtins`` imports the
-modules whose options register at import time (lazily: those modules import ``config``).
+modules whose options register at import time, then the user's plugin modules (``plugins=[...]``
+and the ``prorl_bench.plugins`` entry-point group; see ``load_plugins``).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import fields, is_dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -46,8 +55,11 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T, **meta: Any) -> None:
+        """Register ``obj`` as ``name``. ``params``: a dataclass of the option's parameters (or None)."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{self.what} name must be an identifier, got {name!r}")
+        if meta.get("params") is not None and not (isinstance(meta["params"], type) and is_dataclass(meta["params"])):
+            raise ValueError(f"{self.what} {name!r}: params= must be a dataclass type, got {meta['params']!r}")
         if name in self._items and self._items[name] is not obj:
             raise ValueError(f"{self.what} {name!r} is already registered ({self._items[name]!r})")
         self._items[name] = obj
@@ -72,6 +84,32 @@ class Registry(Generic[T]):
         self.check(name)
         return self._meta[name]
 
+    def params(self, name: str, mapping: Mapping[str, Any] | None, key: str) -> Any:
+        """The option's parameters: ``mapping`` (the config's ``key``) checked against the dataclass
+        the option registered with ``params=``, returned as an instance; None when it declared none.
+        ConfigError names ``key`` and what is allowed (unknown key, wrong type, out of range)."""
+        cls = self.meta(name).get("params")
+        given = dict(mapping or {})
+        if cls is None:
+            if given:
+                raise ConfigError(
+                    f"invalid config value {key}={given!r}: allowed {{}} ({self.what} {name!r} takes no parameters)"
+                )
+            return None
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(given) - set(allowed))
+        if unknown:
+            takes = ", ".join(allowed) or "no parameters"
+            raise ConfigError(f"unknown config key {key}.{unknown[0]}: {self.what} {name!r} takes {takes}")
+        from omegaconf import OmegaConf  # type-checks and converts the values as the schema does
+
+        try:
+            return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), given))
+        except ConfigError:
+            raise
+        except Exception as e:  # a wrong type or a missing required value
+            raise ConfigError(f"invalid config value {key}: {e}".replace("\n", "; ")) from e
+
     def names(self) -> list[str]:
         load_builtins()
         return list(self._items)
@@ -91,12 +129,57 @@ RESET_TRIGGERS: Registry[type] = Registry("reset.trigger", "reset trigger")
 OPT_TRANSFORMS: Registry[Callable[..., Any]] = Registry("opt_reset.kind", "optimizer-state transform")
 REFERENCES: Registry[type] = Registry("variant.reference", "reference strategy")
 DETECTORS: Registry[type] = Registry("detector.name", "detector")
+AXES = (ADVANTAGES, KL_ESTIMATORS, TASKS, RESET_TRIGGERS, OPT_TRANSFORMS, REFERENCES, DETECTORS)
+
+_CONFIG_CHECKS: list[Callable[[Any], None]] = []
+
+
+def config_check(fn: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Decorator: ``fn(cfg)`` runs when a whole ``Config`` is validated (after every group's own
+    checks), for checks and warnings that span groups. It lives next to the options it is about."""
+    if fn not in _CONFIG_CHECKS:
+        _CONFIG_CHECKS.append(fn)
+    return fn
+
+
+def run_config_checks(cfg: Any) -> None:
+    """Run every registered cross-group check, and each selected option's own ``check=`` metadata."""
+    load_builtins()
+    for reg in AXES:
+        name = _lookup(cfg, reg.key)
+        check = reg._meta.get(name, {}).get("check")
+        if check is not None:
+            check(cfg)
+    for fn in _CONFIG_CHECKS:
+        fn(cfg)
+
+
+def _lookup(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def build_task(task_cfg: Any) -> Any:
+    """The task ``task_cfg.name`` built from its factory: ``factory(task_cfg)``, with
+    ``params=<its params dataclass>`` when it registered one."""
+    params = TASKS.params(task_cfg.name, getattr(task_cfg, "params", None), "task.params")
+    factory = TASKS[task_cfg.name]
+    return factory(task_cfg) if params is None else factory(task_cfg, params=params)
+
+
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """ConfigError ``invalid config value key=value: allowed ...`` unless ``ok`` (for params checks)."""
+    if not ok:
+        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+
 
 # Modules whose import registers the built-in options.
 BUILTIN_MODULES = (
     "prorl_bench.advantages",
     "prorl_bench.kl",
     "prorl_bench.tasks",
+    "prorl_bench.reasoning_gym_task",
     "prorl_bench.code_task",
     "prorl_bench.resets",
     "prorl_bench.opt_state",
@@ -104,14 +187,39 @@ BUILTIN_MODULES = (
     "prorl_bench.detectors",
     "prorl_bench.hack_task",
 )
+PLUGIN_GROUP = "prorl_bench.plugins"  # entry-point group of installed packages that register options
 _loaded = False
 
 
 def load_builtins() -> None:
-    """Import the modules that register the built-in options (once; safe to call repeatedly)."""
+    """Import the modules that register the built-in options, then the installed plugins' (the
+    ``prorl_bench.plugins`` entry points), once; safe to call repeatedly."""
     global _loaded
     if _loaded:
         return
     _loaded = True  # set first: the modules' own imports may call back into a registry
     for mod in BUILTIN_MODULES:
         importlib.import_module(mod)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            ep.load()
+        except Exception as e:
+            raise ConfigError(f"plugin entry point {ep.name}={ep.value} ({PLUGIN_GROUP}) failed to load: {e}") from e
+
+
+def load_plugins(modules: Iterable[str]) -> None:
+    """Import the user's modules named by ``plugins=[my_pkg.my_options, ...]`` (they register options
+    at import time); called before the config is validated. A module that cannot be imported is a
+    ConfigError naming it (and the import error), never a silently missing option."""
+    load_builtins()
+    for mod in modules:
+        if not isinstance(mod, str) or not all(part.isidentifier() for part in mod.split(".")):
+            raise ConfigError(f"invalid config value plugins={mod!r}: allowed dotted module names (my_pkg.my_options)")
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ConfigError(
+                f"invalid config value plugins={mod!r}: cannot import it ({e}); is its directory on PYTHONPATH?"
+            ) from e

@@ -280,3 +280,21 @@ def group_label(sweep: Sweep, run: RunRecord) -> str:
     if len(values) == 1:
         return values[0]
     return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(sweep.group_keys, values))
+
+
+# What determines the base policy and the prompt stream besides the seed: runs of two groups are
+# paired by seed only when these agree (then they start from one base and see the same prompts).
+PAIRING_PREFIXES = ("task.", "model.", "warmup.")
+PAIRING_KEYS = ("algo.prompts_per_step", "algo.group_size", "algo.temperature")
+
+
+def pair_key(run: RunRecord) -> tuple[str, str]:
+    """(seed, everything that fixes the base and the prompt stream): equal keys pair."""
+    cfg = run.config
+    shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
+    shared.pop("warmup.cache_dir", None)
+    if not any(k.startswith("task.") for k in shared):
+        # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
+        # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).
+        return run.seed, f"unverifiable:{run.run_dir}"
+    return run.seed, repr(sorted(shared.items()))

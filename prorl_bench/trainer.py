@@ -1,5 +1,9 @@
-"""The RL training loop. Reads top to bottom: one step = rollout -> reward -> old logprobs ->
-reference logprobs (per variant) -> advantages -> PPO epochs x minibatches -> log.
+"""The RL training loop. ``_train`` reads as the algorithm: one step = rollout -> reward -> old
+logprobs -> reference logprobs (per variant) -> advantages -> PPO epochs x minibatches -> step
+boundary (validation, reset, growth) -> metrics row -> checkpoint. Each phase is a function whose
+inputs and outputs are visible in its signature; the small dataclasses below are what flows between
+them (``RunContext``: fixed for the run; ``RunState``: everything a checkpoint holds). Timers wrap the
+phases in the loop.
 
 Variant-specific behaviour lives in small strategy objects (``reference.py``); the math lives in
 pure functions (``kl.py``, ``advantages.py``, ``losses.py``).
@@ -11,6 +15,7 @@ import math
 import random
 import warnings
 from contextlib import closing, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,6 @@ from prorl_bench.config import (
     Device,
     DType,
     GrowthKind,
-    K2Mode,
     KLPlacement,
     LossAgg,
 )
@@ -42,7 +46,7 @@ from prorl_bench.dual_lora import attach_dual_lora, route_rows
 from prorl_bench.evaluation import completions, prompts_to_write, score_details, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
-from prorl_bench.kl import k2_ref_over_old, kl_per_token
+from prorl_bench.kl import k2_ref_over_old, kl_per_token, kl_tokens, reward_kl_tokens
 from prorl_bench.kl_control import KLController
 from prorl_bench.lifecycle import RunSession, RunState
 from prorl_bench.lora import adapter_rank, attach_lora, grow_rank
@@ -51,10 +55,10 @@ from prorl_bench.opt_state import apply_opt_reset, moment_norms
 from prorl_bench.optim import ParamSnapshot, build_adamw
 from prorl_bench.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.policies import build_tokenizer, load_base_policy
-from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
+from prorl_bench.reference import AdapterReference, ReferenceContext, build_reference, frozen_copy
 from prorl_bench.registry import OPT_TRANSFORMS
-from prorl_bench.resets import ResetSchedule, reset_reference
-from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
+from prorl_bench.resets import ResetSchedule
+from prorl_bench.rollout import Rollout, chunked_logprobs, generate, token_logprobs
 from prorl_bench.routing import labels as route_labels
 from prorl_bench.routing import route_eval, wants_route_eval
 from prorl_bench.rundir import RunDirLock
@@ -117,256 +121,466 @@ def train(
         return _train(cfg, run_dir, cache_root, threads, progress, resolved_config, preempt)
 
 
+@dataclass
+class RunContext:
+    """What a run is built from and never changes while it trains (what changes is ``RunState``)."""
+
+    cfg: Config
+    run_dir: Path
+    device: torch.device
+    autocast: Any  # the forward passes' autocast context (bf16 on CUDA) or a null context
+    tok: Any  # CharTokenizer, or the HF checkpoint's tokenizer
+    banned: tuple[int, ...]  # token ids never sampled (their logprobs are of the renormalised rest)
+    task: Any
+    mb_size: int  # rows per minibatch, and per chunk of the no-grad teacher-forced passes
+    detector: Any  # gradient routing's labeller, or None
+    base_model: torch.nn.Module | None  # a frozen snapshot of the base when the reference can move
+    kl_in_loss: bool
+    loss_norm_len: int  # tokens: seq_mean_token_sum_norm's fixed normaliser (the completion budget)
+    peak_flops: float  # FLOP/s, for MFU
+    acct: StepAccounting  # the step's timers and counters
+    val_problems: list[Any]
+    base_info: dict[str, Any]
+
+
+@dataclass
+class Scored:
+    """A rollout and its verdicts: ``batch`` holds prompts_per_step x group_size sequences (rows
+    grouped by prompt); ``rewards`` is (prompts_per_step, group_size)."""
+
+    problems: list[Any]
+    batch: Rollout
+    n_gen: int  # generated tokens
+    rewards: torch.Tensor
+    success: list[bool]
+    details: list[Any]  # the verifier's per-sample details (code: failure classes)
+    routed: torch.Tensor | None  # gradient routing: (B,) bool, rows that train only the forget adapter
+
+
+@dataclass
+class Advantages:
+    adv: torch.Tensor  # (B,): one advantage per sequence, broadcast over its tokens
+    rows: torch.Tensor  # indices of the sequences the update trains on (dynamic sampling, skipped batches)
+
+
+@dataclass
+class MinibatchLoss:
+    """One minibatch's loss and what its diagnostics are computed from (all on ``idx``'s rows)."""
+
+    loss: torch.Tensor
+    pg: torch.Tensor
+    kl: torch.Tensor
+    entropy: torch.Tensor
+    logp: torch.Tensor  # (b, L) the policy's logprobs of the sampled tokens
+    clipped: torch.Tensor  # (b, L) bool: tokens whose gradient the clip removed
+    mask: torch.Tensor  # (b, L) completion tokens
+    logp_ref: torch.Tensor | None  # (b, L) the reference's logprobs (None without a reference)
+
+
+@dataclass
+class Update:
+    sums: dict[str, Any]  # UPDATE_KEYS -> sum over the optimizer steps taken (device scalars)
+    n_mb: int  # optimizer steps taken
+    ref_rows: torch.Tensor  # (B, L) logp_ref as the update saw it (epoch 0); NaN on rows not trained
+    update_norm: float  # L2 norm of the step's parameter change
+
+
 def _train(
-    cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool, resolved_config: str | None,
+    cfg: Config,
+    run_dir: Path,
+    cache_root: Path,
+    threads: int,
+    progress: bool,
+    resolved_config: str | None,
     preempt: PreemptionFlag,
-):  # fmt: skip
-    device, autocast = setup_hardware(cfg, threads)
-    seed_everything(cfg.seed)
-    a, kl_cfg = cfg.algo, cfg.kl_estimator
-    tok = build_tokenizer(cfg)  # CharTokenizer, or the HF checkpoint's tokenizer
-    banned = tuple(tok.banned_ids)
-    task = make_task(cfg.task)
-    if a.max_new_tokens is not None:  # one completion budget for every task (TRL max_completion_length)
-        task.max_completion_len = a.max_new_tokens
-    batch_size = a.prompts_per_step * a.group_size
-    mb_size = batch_size // a.minibatches
-    detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
-
-    # -- the base policy (cached warm-up; an HF model as loaded), its reference and everything resumable
-    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
-    s = _initial_state(cfg, policy, task, banned, device, mb_size)
-    ref = s.ref
-    base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
-    if cfg.variant.resets:
-        base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
-    kl_in_loss = kl_cfg.placement == KLPlacement.loss and a.beta > 0
-    peak = cfg.hardware.peak_flops or measured_matmul_peak(device, matmul_dtype(cfg, device))
-    acct = StepAccounting(device)
-    val_problems = task.val_set()
-
-    # -- resume: continue from the newest checkpoint of this run directory, if there is one
+) -> dict[str, Any]:
+    """The RL loop: setup and resume, then one iteration per RL step over the named phases."""
+    ctx, s = _setup(cfg, run_dir, cache_root, threads, preempt)
     if (signum := preempt.stop_signal()) is not None:
         raise Preempted(0, signum, stage="setup")  # arrived while the model loaded: nothing trained yet
     ckpt = _resume(cfg, run_dir, s, resolved_config)
     if ckpt is not None and s.start > cfg.steps and (finished := finished_summary(run_dir, cfg.steps)):
         return finished  # re-running a finished run: nothing to do, nothing rewritten
-
+    acct = ctx.acct
     with RunSession(cfg, run_dir, s, progress, preempt) as run:
-        out = run.out
-        run.begin(ckpt, objective=ref.objective, base=base_info)
-
-        def run_validation(step: int) -> dict[str, Any]:
-            return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows, detector)
-
+        run.begin(ckpt, objective=s.ref.objective, base=ctx.base_info)
         if ckpt is None and cfg.eval.at_start:
-            run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
-
+            _validate(ctx, s, run.out, 0)  # the base policy: every run carries its own "before"
         for step in range(s.start, cfg.steps + 1):
             acct.reset()
-            beta = s.kl_ctl.value
-            for group in s.optimizer.param_groups:
-                group["lr"] = s.schedule.lr(step)
-
-            # 1. rollout: prompts_per_step prompts x group_size samples, KV-cached sampling
-            with acct.stage("rollout"), autocast:
-                problems = [p for p in task.sample_train(s.rng, a.prompts_per_step) for _ in range(a.group_size)]
-                prompt_ids, prompt_mask = tok.encode_prompts([p.prompt for p in problems])
-                batch = generate(
-                    policy, tok, prompt_ids.to(device), prompt_mask.to(device), task.max_completion_len,
-                    a.temperature, a.top_k, s.sample_gen, top_p=a.top_p,
-                )  # fmt: skip
-                mask = batch.completion_mask
-                n_gen = int(mask.sum())
-                acct.add_flops(policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
-
-            # 2. reward: the task's verifier
+            beta = begin_step(s, step)
+            with acct.stage("rollout"), ctx.autocast:
+                problems, batch = rollout(ctx, s)
             with acct.stage("reward"):
-                texts = completions(tok, batch)
-                reward_list, success_list, details = score_details(task, texts, problems)
-                rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
-                # gradient routing: labelled samples will train only the forget adapter
-                routed = None if detector is None else torch.tensor(route_labels(detector, problems, texts, details))
-
-            # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
-            with acct.stage("old_logprob"), autocast:
-                logp_old = chunked_logprobs(policy, batch, a.temperature, banned, mb_size)
-                _count_policy_forward(acct, policy, batch, backward=False)
+                sc = score(ctx, problems, batch)
+            with acct.stage("old_logprob"), ctx.autocast:
+                logp_old = old_logprobs(ctx, s.policy, batch)
             finite = s.guard.ok(logp_old, step, "old_logprob", "logp_old")
-
-            # 4. reference logprobs (a per-rollout cache): A1/A2/C here once; A0 later per minibatch; B never
-            with acct.stage("ref_logprob"), autocast:
-                ref.prepare(batch, acct)
-
-            # 5. advantages, with the KL optionally folded into the reward, and dynamic sampling
-            shaped = rewards
-            if kl_cfg.placement == KLPlacement.reward and beta > 0:
-                logp_ref_all = ref.logp(torch.arange(len(batch), device=device), batch, acct)
-                if kl_cfg.name == "k2" and kl_cfg.k2_mode == K2Mode.ref_over_old:
-                    kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
-                else:
-                    kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
-                shaped = rewards - beta * (kl_tok * mask).sum(-1).view_as(rewards)
-            adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
-            finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
-            everyone = torch.ones_like(rewards[:, 0], dtype=torch.bool)
-            keep = informative_groups(rewards) if a.dynamic_sampling else everyone
-            keep &= finite  # skip_batch: a non-finite rollout updates nothing
-            rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
-
-            # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
-            sums: dict[str, Any] = dict.fromkeys(UPDATE_KEYS, 0.0)
-            n_mb = 0
-            diag_agg = diagnostic_agg(a.loss_agg)
-            ref_rows = torch.full_like(logp_old, float("nan"))  # logp_ref as the update saw it (epoch 0)
-            trainable = [p for p in policy.parameters() if p.requires_grad]
-            params_before = ParamSnapshot(trainable, cfg.hardware.update_norm)  # frozen ones cannot move: no copy
+            with acct.stage("ref_logprob"), ctx.autocast:
+                s.ref.prepare(batch, acct)  # A1/A2/C here once; A0 later per minibatch; B never
+            adv = advantages(ctx, s, sc, logp_old, beta, finite, step)
             with acct.stage("update"):
-                for epoch in range(a.ppo_epochs if len(rows) else 0):
-                    perm = rows[torch.randperm(len(rows), generator=s.shuffle_gen).to(device)]
-                    for idx in perm.tensor_split(a.minibatches):
-                        # autocast around the forwards and the loss only: its cache of bf16 weight casts lives
-                        # until the context exits, so an optimizer step inside it would leave later minibatches
-                        # on the weights from before the step (stale casts). Backward runs outside, as torch advises.
-                        with autocast:
-                            mb = batch.rows(idx)
-                            mb_mask = mb.completion_mask
-                            with nullcontext() if routed is None else route_rows(policy, routed[idx.cpu()].to(device)):
-                                logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
-                            _count_policy_forward(acct, policy, mb, backward=True)
-                            with acct.stage("ref_logprob"):
-                                logp_ref = ref.logp(idx, mb, acct)  # A0: a fresh reference forward, here
-                            if epoch == 0 and logp_ref is not None:
-                                ref_rows[idx] = logp_ref
-                            pg_tok, clipped = clipped_surrogate(
-                                logp, logp_old[idx], adv[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp,
-                                a.clip_ratio_c,
-                            )  # fmt: skip
-                            pg = aggregate(pg_tok, mb_mask, a.loss_agg)
-                            kl_loss = torch.zeros((), device=device)
-                            if kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
-                                anchor = ref.anchor(logp_ref, logp_old[idx])
-                                kl_tok = kl_per_token(
-                                    kl_cfg.name, logp, anchor, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp
-                                )
-                                kl_loss = aggregate(kl_tok, mb_mask, a.loss_agg)
-                            ent = aggregate(entropy, mb_mask, a.loss_agg)
-                            loss = pg + beta * kl_loss - a.entropy_coef * ent
-                        s.optimizer.zero_grad(set_to_none=True)
-                        if not s.guard.ok(loss, step, "update", "loss/total"):
-                            continue
-                        loss.backward()
-                        max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
-                        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
-                        if not s.guard.ok(grad_norm, step, "update", "grad_norm"):
-                            s.optimizer.zero_grad(set_to_none=True)
-                            continue
-                        s.optimizer.step()
-                        s.guard.params_ok(trainable, step)
-                        n_mb += 1
-                        # accumulate on device; one host transfer per step (no syncs inside the loop)
-                        clip_frac = aggregate(clipped.float(), mb_mask, diag_agg)
-                        kl_old = aggregate(kl_per_token("k3", logp, logp_old[idx]), mb_mask, diag_agg)
-                        for key, val in zip(UPDATE_KEYS, (loss, pg, kl_loss, ent, clip_frac, grad_norm, kl_old)):
-                            sums[key] = sums[key] + val.detach()
-
-            s.guard.flush()
-            row: dict[str, Any] = {
-                "step": step, "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
-                "success_rate": sum(success_list) / len(success_list),
-                **{k: (float(v) / n_mb if n_mb else float("nan")) for k, v in sums.items()},
-                **_reference_kl(cfg, ref.exists, logp_old, ref_rows, mask, rows),
-            }  # fmt: skip
-            # KL to the initial base: the reference itself until a reset moves it (A0/A1/A2 never reset);
-            # after C's first reset it is measured at regular validation steps; B keeps no second model
-            reference_is_base = ref.exists and not any(r["reset"] for r in s.history)
-            row |= {
-                "kl/base": row["kl/ref"] if reference_is_base else float("nan"), "kl/beta": beta,
-                "lr": s.optimizer.param_groups[0]["lr"], "update_norm": _update_norm(params_before, trainable),
-                "response_len": float(mask.sum(-1).mean()), "ds/kept_frac": len(rows) / len(batch),
-                "guard/skipped": s.guard.skipped,
-            }  # fmt: skip
-            if hasattr(task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
-                row.update(task.step_metrics(details))
-            if routed is not None:
-                row["route/labelled_frac"] = float(routed.float().mean())
-
-            # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
-            # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
-            # finished run (steps 35 -> 60) would change its trajectory.
-            regular = step % cfg.eval_every == 0
-            if regular or step == cfg.steps:
-                with acct.stage("eval"):
-                    v = run_validation(step)
-                    if base_model is not None and regular and not reference_is_base:
-                        row["kl/base"] = _kl_to(cfg, base_model, policy, batch, logp_old, rows, banned, mb_size)
-            if regular:
-                s.resets.observe_validation(v[cfg.reset.metric.value])
-                if s.growth is not None:
-                    s.growth.observe_validation(v[cfg.reset.metric.value])
-
-            # 8. reference reset at the step boundary (variant C): the reference weights, then the optimizer state
-            s.resets.observe_step(step, row["kl/ref"] if ref.exists else None)
-            reason = s.resets.due(step) if ref.exists else None
-            row["reset"] = int(reason is not None)
-            if reason is not None:
-                with acct.stage("reset"):
-                    info = _reset(cfg, step, s, batch, acct, banned, mb_size)
-                s.resets.mark_reset(step)
-                out.event(step, "reset", reason, **info)
-            s.kl_ctl.update(row["kl/ref"] if ref.exists else row["kl/old"])
-
-            # 9. topology growth: the adapter rank grows, the optimizer state is migrated
-            why = s.growth.due(step, adapter_rank(policy), bool(row["reset"])) if s.growth is not None else None
-            row["growth"] = int(why is not None)
-            if why is not None:
-                with acct.stage("growth"):
-                    s.optimizer, info = _grow(cfg, step, policy, ref, s.optimizer)
-                out.event(step, "growth", why, **info)
-            if cfg.adapter.kind == AdapterKind.lora:
-                row["adapter/rank"] = adapter_rank(policy)
-
-            # 10. log one metrics row
-            row.update(acct.row(len(batch), n_gen, peak))
+                upd = ppo_update(ctx, s, sc, logp_old, adv, beta, step)
+            row = metrics_row(ctx, s, sc, logp_old, adv, upd, beta, step)
+            validate_phase(ctx, s, run.out, sc, logp_old, adv.rows, row, step)
+            reset_phase(ctx, s, run.out, batch, row, step)
+            grow_phase(ctx, s, run.out, row, step)
+            row.update(acct.row(len(batch), sc.n_gen, ctx.peak_flops))
             run.step_done(row)
             if step == NO_SIGNAL_STEPS:
-                _warn_if_no_signal(cfg, s.history, out)
+                _warn_if_no_signal(cfg, s.history, run.out)
+            checkpoint_phase(ctx, s, run, step)
+        return _finish(ctx, s, run)
 
-            # 11. checkpoint: periodically, and at once when a preemption signal arrived
-            every = cfg.checkpoint.every
-            if run.preempt.requested or (every and step % every == 0) or step == cfg.steps:
-                save_checkpoint(run_dir, step, s.state_dict(cfg, run.wall()), cfg.checkpoint.keep_last)
-            run.stop_if_preempted(
-                step, lambda: summarize(cfg, s.history, s.val_rows, ref.objective, base_info, run.wall())
-            )
 
-        summary = summarize(cfg, s.history, s.val_rows, ref.objective, base_info, run.wall())
-        reset_at = [r["step"] for r in s.history if r["reset"]]
-        summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(ref.model, device)})
-        if cfg.export.at_end:
-            summary["export"] = _export(policy, cfg, tok, run_dir)
-        run.finish(summary)
+def _setup(
+    cfg: Config, run_dir: Path, cache_root: Path, threads: int, preempt: PreemptionFlag
+) -> tuple[RunContext, RunState]:
+    """Hardware, tokenizer, task, the base policy (cached warm-up; an HF model as loaded), and the
+    fresh run state (policy with adapters, reference, optimizer, schedules, RNGs)."""
+    device, autocast = setup_hardware(cfg, threads)
+    seed_everything(cfg.seed)
+    a = cfg.algo
+    tok = build_tokenizer(cfg)
+    banned = tuple(tok.banned_ids)
+    task = make_task(cfg.task)
+    if a.max_new_tokens is not None:  # one completion budget for every task (TRL max_completion_length)
+        task.max_completion_len = a.max_new_tokens
+    mb_size = a.prompts_per_step * a.group_size // a.minibatches
+    detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
+    s = _initial_state(cfg, policy, task, banned, device, mb_size)
+    base_model = None  # kl/base once the reference has left the base (a reset, or a moving reference)
+    if cfg.variant.resets or s.ref.moves:
+        base_model = AdapterReference(policy) if uses_adapter_reference(cfg) else frozen_copy(policy)
+    ctx = RunContext(
+        cfg=cfg,
+        run_dir=Path(run_dir),
+        device=device,
+        autocast=autocast,
+        tok=tok,
+        banned=banned,
+        task=task,
+        mb_size=mb_size,
+        detector=detector,
+        base_model=base_model,
+        kl_in_loss=cfg.kl_estimator.placement == KLPlacement.loss and a.beta > 0,
+        loss_norm_len=task.max_completion_len,
+        peak_flops=cfg.hardware.peak_flops or measured_matmul_peak(device, matmul_dtype(cfg, device)),
+        acct=StepAccounting(device),
+        val_problems=task.val_set(),
+        base_info=base_info,
+    )
+    return ctx, s
+
+
+# --------------------------------------------------------------------------- the phases of one step
+
+
+def begin_step(s: RunState, step: int) -> float:
+    """The step's learning rate, and the reference's own move (a moving strategy's hook). Returns
+    the KL coefficient beta of this step."""
+    beta = s.kl_ctl.value
+    for group in s.optimizer.param_groups:
+        group["lr"] = s.schedule.lr(step)
+    s.ref.before_rollout(s.policy, step)
+    return beta
+
+
+def rollout(ctx: RunContext, s: RunState) -> tuple[list[Any], Rollout]:
+    """prompts_per_step prompts x group_size samples each, KV-cached sampling at temperature T."""
+    a = ctx.cfg.algo
+    problems = [p for p in ctx.task.sample_train(s.rng, a.prompts_per_step) for _ in range(a.group_size)]
+    prompt_ids, prompt_mask = ctx.tok.encode_prompts([p.prompt for p in problems])
+    batch = generate(
+        s.policy,
+        ctx.tok,
+        prompt_ids.to(ctx.device),
+        prompt_mask.to(ctx.device),
+        ctx.task.max_completion_len,
+        a.temperature,
+        a.top_k,
+        s.sample_gen,
+        top_p=a.top_p,
+    )
+    ctx.acct.add_flops(s.policy.flops_per_token(batch.ids.shape[1]) * batch.key_mask.sum())
+    return problems, batch
+
+
+def score(ctx: RunContext, problems: list[Any], batch: Rollout) -> Scored:
+    """The task's verifier scores every completion; the detector labels samples for routing."""
+    a = ctx.cfg.algo
+    texts = completions(ctx.tok, batch)
+    reward_list, success, details = score_details(ctx.task, texts, problems)
+    rewards = torch.tensor(reward_list, device=ctx.device).view(a.prompts_per_step, a.group_size)
+    routed = None
+    if ctx.detector is not None:  # gradient routing: labelled samples train only the forget adapter
+        routed = torch.tensor(route_labels(ctx.detector, problems, texts, details))
+    n_gen = int(batch.completion_mask.sum())
+    return Scored(problems, batch, n_gen, rewards, success, details, routed)
+
+
+def old_logprobs(ctx: RunContext, policy: torch.nn.Module, batch: Rollout) -> torch.Tensor:
+    """Behaviour (pi_old) logprobs (B, L): a no-grad teacher-forced pass, recomputed every rollout,
+    chunked by the minibatch size so its shapes (and floats) equal the update's."""
+    logp_old = chunked_logprobs(policy, batch, ctx.cfg.algo.temperature, ctx.banned, ctx.mb_size)
+    _count_policy_forward(ctx.acct, policy, batch, backward=False)
+    return logp_old
+
+
+def advantages(
+    ctx: RunContext, s: RunState, sc: Scored, logp_old: torch.Tensor, beta: float, finite: bool, step: int
+) -> Advantages:
+    """Advantages from the rewards (with the KL folded in when kl_estimator.placement=reward), and
+    the rows the update trains on: dynamic sampling drops all-equal groups; a non-finite rollout
+    (``finite`` False, or non-finite advantages under skip_batch) trains on none."""
+    a, k = ctx.cfg.algo, ctx.cfg.kl_estimator
+    shaped = sc.rewards
+    if k.placement == KLPlacement.reward and beta > 0:
+        logp_ref = s.ref.logp(torch.arange(len(sc.batch), device=ctx.device), sc.batch, ctx.acct)
+        kl_tok = reward_kl_tokens(k, logp_old, logp_ref)
+        shaped = sc.rewards - beta * (kl_tok * sc.batch.completion_mask).sum(-1).view_as(sc.rewards)
+    adv = compute_advantages(a.advantage, shaped, a.adv_eps, a.advantage_params).flatten()
+    finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
+    everyone = torch.ones_like(sc.rewards[:, 0], dtype=torch.bool)
+    keep = informative_groups(sc.rewards) if a.dynamic_sampling else everyone
+    keep &= finite  # skip_batch: a non-finite rollout updates nothing
+    return Advantages(adv, keep.repeat_interleave(a.group_size).nonzero().squeeze(-1))
+
+
+def ppo_update(
+    ctx: RunContext, s: RunState, sc: Scored, logp_old: torch.Tensor, adv: Advantages, beta: float, step: int
+) -> Update:
+    """ppo_epochs x minibatches of the clipped surrogate + beta * KL, one optimizer step each."""
+    a = ctx.cfg.algo
+    sums: dict[str, Any] = dict.fromkeys(UPDATE_KEYS, 0.0)
+    n_mb = 0
+    ref_rows = torch.full_like(logp_old, float("nan"))
+    trainable = [p for p in s.policy.parameters() if p.requires_grad]
+    params_before = ParamSnapshot(trainable, ctx.cfg.hardware.update_norm)  # frozen ones cannot move: no copy
+    for epoch in range(a.ppo_epochs if len(adv.rows) else 0):
+        perm = adv.rows[torch.randperm(len(adv.rows), generator=s.shuffle_gen).to(ctx.device)]
+        for idx in perm.tensor_split(a.minibatches):
+            # autocast around the forwards and the loss only: its cache of bf16 weight casts lives until
+            # the context exits, so an optimizer step inside it would leave later minibatches on the
+            # weights from before the step (stale casts). Backward runs outside, as torch advises.
+            with ctx.autocast:
+                mb = minibatch_loss(ctx, s, sc, idx, logp_old, adv.adv, beta)
+            if epoch == 0 and mb.logp_ref is not None:
+                ref_rows[idx] = mb.logp_ref
+            grad_norm = optimizer_step(ctx, s, mb.loss, trainable, step)
+            if grad_norm is not None:
+                n_mb += 1
+                _accumulate(sums, mb, logp_old[idx], grad_norm, diagnostic_agg(a.loss_agg))
+    s.guard.flush()
+    return Update(sums, n_mb, ref_rows, _update_norm(params_before, trainable))
+
+
+def minibatch_loss(
+    ctx: RunContext, s: RunState, sc: Scored, idx: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, beta: float
+) -> MinibatchLoss:
+    """loss = clipped surrogate + beta * KL(anchor) - entropy_coef * entropy on the rows ``idx``,
+    each aggregated by algo.loss_agg. The anchor is the reference (B: pi_old)."""
+    a, k = ctx.cfg.algo, ctx.cfg.kl_estimator
+    mb = sc.batch.rows(idx)
+    mask = mb.completion_mask
+    with nullcontext() if sc.routed is None else route_rows(s.policy, sc.routed[idx.cpu()].to(ctx.device)):
+        logp, entropy = token_logprobs(s.policy, mb, a.temperature, ctx.banned, with_entropy=True)
+    _count_policy_forward(ctx.acct, s.policy, mb, backward=True)
+    with ctx.acct.stage("ref_logprob"):
+        logp_ref = s.ref.logp(idx, mb, ctx.acct)  # A0: a fresh reference forward, here
+    old = logp_old[idx]
+    pg_tok, clipped = clipped_surrogate(logp, old, adv[idx], a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c)
+    pg = aggregate(pg_tok, mask, a.loss_agg, ctx.loss_norm_len)
+    kl_loss = torch.zeros((), device=ctx.device)
+    if ctx.kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
+        kl_loss = aggregate(kl_tokens(k, logp, s.ref.anchor(logp_ref, old)), mask, a.loss_agg, ctx.loss_norm_len)
+    ent = aggregate(entropy, mask, a.loss_agg, ctx.loss_norm_len)
+    loss = pg + beta * kl_loss - a.entropy_coef * ent
+    return MinibatchLoss(loss, pg, kl_loss, ent, logp, clipped, mask, logp_ref)
+
+
+def optimizer_step(
+    ctx: RunContext, s: RunState, loss: torch.Tensor, trainable: list[torch.Tensor], step: int
+) -> torch.Tensor | None:
+    """Backward, gradient clipping, AdamW step; the guards skip (or fail) on a non-finite loss or
+    gradient. Returns the pre-clip gradient norm, or None when the minibatch was skipped."""
+    s.optimizer.zero_grad(set_to_none=True)
+    if not s.guard.ok(loss, step, "update", "loss/total"):
+        return None
+    loss.backward()
+    max_norm = ctx.cfg.algo.grad_clip if ctx.cfg.algo.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.policy.parameters(), max_norm)
+    if not s.guard.ok(grad_norm, step, "update", "grad_norm"):
+        s.optimizer.zero_grad(set_to_none=True)
+        return None
+    s.optimizer.step()
+    s.guard.params_ok(trainable, step)
+    return grad_norm
+
+
+def _accumulate(
+    sums: dict[str, Any], mb: MinibatchLoss, logp_old: torch.Tensor, grad_norm: torch.Tensor, diag: LossAgg
+) -> None:
+    """Add one optimizer step's figures to ``sums``, on device (one host transfer per step)."""
+    clip_frac = aggregate(mb.clipped.float(), mb.mask, diag)
+    kl_old = aggregate(kl_per_token("k3", mb.logp, logp_old), mb.mask, diag)
+    for key, val in zip(UPDATE_KEYS, (mb.loss, mb.pg, mb.kl, mb.entropy, clip_frac, grad_norm, kl_old)):
+        sums[key] = sums[key] + val.detach()
+
+
+def metrics_row(
+    ctx: RunContext,
+    s: RunState,
+    sc: Scored,
+    logp_old: torch.Tensor,
+    adv: Advantages,
+    upd: Update,
+    beta: float,
+    step: int,
+) -> dict[str, Any]:
+    """The step's metrics row (the step-boundary phases add validation, reset and growth fields)."""
+    mask, n = sc.batch.completion_mask, upd.n_mb
+    row: dict[str, Any] = {
+        "step": step,
+        "reward/mean": float(sc.rewards.mean()),
+        "reward/std": float(sc.rewards.std()),
+        "success_rate": sum(sc.success) / len(sc.success),
+        **{k: (float(v) / n if n else float("nan")) for k, v in upd.sums.items()},
+        **_reference_kl(ctx.cfg, s.ref.exists, logp_old, upd.ref_rows, mask, adv.rows),
+    }
+    # KL to the initial base: kl/ref while the reference is the base; once it moved (a reset, or a
+    # moving strategy) it is measured at regular validation steps (validate_phase); B has no second model
+    row |= {
+        "kl/base": row["kl/ref"] if s.ref.is_base else float("nan"),
+        "kl/beta": beta,
+        "lr": s.optimizer.param_groups[0]["lr"],
+        "update_norm": upd.update_norm,
+        "response_len": float(mask.sum(-1).mean()),
+        "ds/kept_frac": len(adv.rows) / len(sc.batch),
+        "guard/skipped": s.guard.skipped,
+    }
+    if hasattr(ctx.task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
+        row.update(ctx.task.step_metrics(sc.details))
+    if sc.routed is not None:
+        row["route/labelled_frac"] = float(sc.routed.float().mean())
+    return row
+
+
+def validate_phase(
+    ctx: RunContext,
+    s: RunState,
+    out: Any,
+    sc: Scored,
+    logp_old: torch.Tensor,
+    rows: torch.Tensor,
+    row: dict[str, Any],
+    step: int,
+) -> None:
+    """Held-out validation every eval_every steps and at the end. Only the regular evaluations feed
+    the stall triggers (and kl/base): the end-of-run one must not, or extending a finished run
+    (steps 35 -> 60) would change its trajectory."""
+    cfg = ctx.cfg
+    regular = step % cfg.eval_every == 0
+    if regular or step == cfg.steps:
+        with ctx.acct.stage("eval"):
+            v = _validate(ctx, s, out, step)
+            if ctx.base_model is not None and regular and not s.ref.is_base:
+                row["kl/base"] = _kl_to(ctx, ctx.base_model, s.policy, sc.batch, logp_old, rows)
+    if regular:
+        s.resets.observe_validation(v[cfg.reset.metric.value])
+        if s.growth is not None:
+            s.growth.observe_validation(v[cfg.reset.metric.value])
+
+
+def reset_phase(ctx: RunContext, s: RunState, out: Any, batch: Rollout, row: dict[str, Any], step: int) -> None:
+    """Reference reset at the step boundary (variant C): the reference weights, then the optimizer
+    state; then the adaptive KL coefficient sees the step's KL."""
+    ref = s.ref
+    s.resets.observe_step(step, row["kl/ref"] if ref.exists else None)
+    reason = s.resets.due(step) if ref.exists else None
+    row["reset"] = int(reason is not None)
+    if reason is not None:
+        with ctx.acct.stage("reset"):
+            info = _reset(ctx, s, batch, step)
+        s.resets.mark_reset(step)
+        out.event(step, "reset", reason, **info)
+    s.kl_ctl.update(row["kl/ref"] if ref.exists else row["kl/old"])
+
+
+def grow_phase(ctx: RunContext, s: RunState, out: Any, row: dict[str, Any], step: int) -> None:
+    """Topology growth: the adapter rank grows, the optimizer state is migrated by index."""
+    why = s.growth.due(step, adapter_rank(s.policy), bool(row["reset"])) if s.growth is not None else None
+    row["growth"] = int(why is not None)
+    if why is not None:
+        with ctx.acct.stage("growth"):
+            s.optimizer, info = _grow(ctx.cfg, step, s.policy, s.ref, s.optimizer)
+        out.event(step, "growth", why, **info)
+    if ctx.cfg.adapter.kind == AdapterKind.lora:
+        row["adapter/rank"] = adapter_rank(s.policy)
+
+
+def checkpoint_phase(ctx: RunContext, s: RunState, run: RunSession, step: int) -> None:
+    """Checkpoint periodically, at the end, and at once when a preemption signal arrived (then stop)."""
+    cfg = ctx.cfg
+    every = cfg.checkpoint.every
+    if run.preempt.requested or (every and step % every == 0) or step == cfg.steps:
+        save_checkpoint(ctx.run_dir, step, s.state_dict(cfg, run.wall()), cfg.checkpoint.keep_last)
+    run.stop_if_preempted(
+        step, lambda: summarize(cfg, s.history, s.val_rows, s.ref.objective, ctx.base_info, run.wall())
+    )
+
+
+def _finish(ctx: RunContext, s: RunState, run: RunSession) -> dict[str, Any]:
+    """The completed run's summary (written by the session), with an export when asked for."""
+    cfg = ctx.cfg
+    summary = summarize(cfg, s.history, s.val_rows, s.ref.objective, ctx.base_info, run.wall())
+    reset_at = [r["step"] for r in s.history if r["reset"]]
+    summary.update({"resets": len(reset_at), "reset_steps": reset_at, **memory_figures(s.ref.model, ctx.device)})
+    if cfg.export.at_end:
+        summary["export"] = _export(s.policy, cfg, ctx.tok, ctx.run_dir)
+    run.finish(summary)
     return summary
 
 
-def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, val_rows, detector) -> dict[str, Any]:
+def _validate(ctx: RunContext, s: RunState, out: Any, step: int) -> dict[str, Any]:
     """Validate on the held-out set with a generator of its own (training RNG untouched); log the row
     and the samples. Gradient-routing runs (and hack tasks) add ``route/<mode>/...`` (routing.py)."""
+    cfg, e, device = ctx.cfg, ctx.cfg.eval, ctx.device
     vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
-    e = cfg.eval
     v, samples = validate(
-        policy, task, tok, val_problems, temperature=cfg.algo.temperature, banned=banned, generator=vgen,
-        device=device, n_samples=e.n_samples, ks=e.ks, chunk=e.batch,
-        n_sample_prompts=prompts_to_write(step, cfg.steps, len(val_problems), e.n_sample_prompts),
-    )  # fmt: skip
-    if wants_route_eval(task, cfg.adapter.kind.value):
+        s.policy,
+        ctx.task,
+        ctx.tok,
+        ctx.val_problems,
+        temperature=cfg.algo.temperature,
+        banned=ctx.banned,
+        generator=vgen,
+        device=device,
+        n_samples=e.n_samples,
+        ks=e.ks,
+        n_sample_prompts=prompts_to_write(step, cfg.steps, len(ctx.val_problems), e.n_sample_prompts),
+        chunk=e.batch,
+    )
+    if wants_route_eval(ctx.task, cfg.adapter.kind.value):
         rgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step + 500_000)
-        v.update(route_eval(policy, task, tok, val_problems, detector, temperature=cfg.algo.temperature,
-                            generator=rgen, device=device, chunk=e.batch))  # fmt: skip
+        v.update(
+            route_eval(
+                s.policy,
+                ctx.task,
+                ctx.tok,
+                ctx.val_problems,
+                ctx.detector,
+                temperature=cfg.algo.temperature,
+                generator=rgen,
+                device=device,
+                chunk=e.batch,
+            )
+        )
     v = {"step": step, **v}
     out.validation(v)
     out.samples(step, samples)
-    val_rows.append(v)
+    s.val_rows.append(v)
     return v
 
 
@@ -409,11 +623,17 @@ def _initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: t
     elif d.kind == AdapterKind.dual_lora:  # gradient routing: retain + forget adapters
         attach_dual_lora(policy, list(d.targets), d.retain_rank, d.forget_rank, d.alpha, d.freeze_base)
     policy.train()
-    ref = build_reference(
-        cfg.variant.reference, policy, temperature=a.temperature, banned=banned, chunk=mb_size,
-        max_batch=a.prompts_per_step * a.group_size, max_len=task.max_completion_len, device=device,
+    ref_ctx = ReferenceContext(
+        policy=policy,
+        temperature=a.temperature,
+        banned=banned,
+        chunk=mb_size,
+        max_batch=a.prompts_per_step * a.group_size,
+        max_len=task.max_completion_len,
+        device=device,
         adapter_reference=uses_adapter_reference(cfg),
-    )  # fmt: skip
+    )
+    ref = build_reference(cfg.variant.reference, ref_ctx, cfg.variant.params)
     optimizer = build_optimizer(policy, a)
     growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
     return RunState(
@@ -455,24 +675,25 @@ def _warn_if_no_signal(cfg: Config, history: list[dict[str, Any]], out) -> None:
 
 
 @torch.no_grad()
-def _kl_to(cfg: Config, other: torch.nn.Module, policy, batch, logp_old, rows, banned, chunk) -> float:
+def _kl_to(ctx: RunContext, other: torch.nn.Module, policy, batch, logp_old, rows) -> float:
     """KL of the behaviour policy to ``other`` on this step's rollout: the configured estimator and
     aggregation over the updated rows, as kl/ref is (NaN when no row was updated)."""
     if len(rows) == 0:
         return float("nan")
-    logp_other = chunked_logprobs(other, batch, cfg.algo.temperature, banned, chunk)
-    k = cfg.kl_estimator
-    kl_tok = kl_per_token(k.name, logp_old[rows], logp_other[rows], k.log_ratio_clamp, k.kl_clamp)
+    cfg = ctx.cfg
+    logp_other = chunked_logprobs(other, batch, cfg.algo.temperature, ctx.banned, ctx.mb_size)
+    kl_tok = kl_tokens(cfg.kl_estimator, logp_old[rows], logp_other[rows])
     return float(aggregate(kl_tok, batch.completion_mask[rows], diagnostic_agg(cfg.algo.loss_agg)))
 
 
-def _reset(cfg: Config, step: int, s: RunState, batch, acct, banned, chunk) -> dict[str, Any]:
+def _reset(ctx: RunContext, s: RunState, batch: Rollout, step: int) -> dict[str, Any]:
     """Reset pi_ref (a copy for alpha = 1, else a polyak alpha-mix) and transform the optimizer state;
     describe it.
 
     The KL of the current policy to the reference is measured on this step's rollout just before
     and just after the reset (one policy and two reference forwards, charged to time/reset).
     """
+    cfg, acct, banned, chunk = ctx.cfg, ctx.acct, ctx.banned, ctx.mb_size
     t, alpha, policy, ref = cfg.algo.temperature, s.resets.alpha, s.policy, s.ref
     logp = chunked_logprobs(policy, batch, t, banned, chunk)
     _count_policy_forward(acct, policy, batch, backward=False)
@@ -484,7 +705,7 @@ def _reset(cfg: Config, step: int, s: RunState, batch, acct, banned, chunk) -> d
 
     kl_before = kl_now()
     m_before, v_before = moment_norms(s.optimizer)
-    reset_reference(ref.model, policy, alpha)
+    ref.reset_to(policy, alpha)
     opt_info = apply_opt_reset(s.optimizer, cfg.opt_reset)
     o = cfg.opt_reset
     if OPT_TRANSFORMS.meta(o.kind).get("step") == "reset":  # a fresh optimizer comes with a fresh LR schedule
@@ -569,7 +790,7 @@ def _reference_kl(
     lo, lr, m = logp_old[rows], logp_ref[rows], mask[rows]
     agg = diagnostic_agg(cfg.algo.loss_agg)
     return {
-        "kl/ref": float(aggregate(kl_per_token(k.name, lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
+        "kl/ref": float(aggregate(kl_tokens(k, lo, lr), m, agg)),
         "kl/ref_k1": float(aggregate(kl_per_token("k1", lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
         "kl/k2_ref_over_old": float(aggregate(k2_ref_over_old(lr, lo), m, agg)),
     }

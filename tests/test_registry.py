@@ -26,7 +26,7 @@ def toy_signed(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def _toy_double(rng: random.Random, n: int) -> tuple[str, str]:
-    """"D<digits>=" -> every digit twice (a copy variant the char policy can learn)."""
+    """ "D<digits>=" -> every digit twice (a copy variant the char policy can learn)."""
     x = "".join(rng.choice("0123") for _ in range(n))
     return x, "".join(c + c for c in x)
 
@@ -34,7 +34,9 @@ def _toy_double(rng: random.Random, n: int) -> tuple[str, str]:
 @pytest.fixture
 def toy_options():
     ADVANTAGES.register("toy_signed")(toy_signed)
-    symbol_task("toy_double", "D", lambda n: n + 2, lambda n: 2 * n)(_toy_double)
+    symbol_task("toy_double", "D", lambda n: n + 2, lambda n: 2 * n, solve=lambda x: "".join(c + c for c in x))(
+        _toy_double
+    )
     yield
     ADVANTAGES.remove("toy_signed")
     TASKS.remove("toy_double")
@@ -82,3 +84,35 @@ def test_registry_refuses_duplicates_and_bad_names():
         reg.add("not a name", 3)
     with pytest.raises(ConfigError, match="x.y='b': allowed a"):
         reg.check("b")
+
+
+def test_option_params_are_checked_against_the_dataclass_it_registered():
+    from dataclasses import dataclass
+
+    from prorl_bench.registry import require
+
+    @dataclass
+    class Knobs:
+        k: int = 1
+        name: str = "a"
+
+        def __post_init__(self) -> None:
+            require(self.k >= 1, "x.params.k", self.k, ">= 1")
+
+    reg: Registry = Registry("x.y", "thing")
+    reg.add("with_params", object(), params=Knobs)
+    reg.add("plain", object())
+    assert reg.params("with_params", {"k": 3}, "x.params") == Knobs(k=3)
+    assert reg.params("with_params", None, "x.params") == Knobs()  # defaults
+    assert reg.params("with_params", {"k": "4"}, "x.params") == Knobs(k=4)  # converted as the schema does
+    assert reg.params("plain", {}, "x.params") is None
+    with pytest.raises(ConfigError, match=r"x.params.k=0: allowed >= 1"):
+        reg.params("with_params", {"k": 0}, "x.params")
+    with pytest.raises(ConfigError, match=r"unknown config key x.params.kk: thing 'with_params' takes k, name"):
+        reg.params("with_params", {"kk": 1}, "x.params")
+    with pytest.raises(ConfigError, match=r"invalid config value x.params"):
+        reg.params("with_params", {"k": "many"}, "x.params")
+    with pytest.raises(ConfigError, match=r"thing 'plain' takes no parameters"):
+        reg.params("plain", {"k": 1}, "x.params")
+    with pytest.raises(ValueError, match="dataclass"):
+        reg.add("bad", object(), params=dict)

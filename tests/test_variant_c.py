@@ -33,17 +33,18 @@ def test_presets_pin_their_recipes():
 
 
 def test_periodic_reset_makes_the_reference_equal_to_the_policy(base_cache, tmp_path, monkeypatch):
+    import prorl_bench.reference as reference
     import prorl_bench.trainer as trainer
 
     snapshots = []
-    real = trainer.reset_reference
+    real = reference.reset_reference
 
     def spy(ref, policy, alpha=1.0):
         real(ref, policy, alpha)
         pairs = zip(ref.parameters(), policy.parameters())
         snapshots.append([(r.detach().clone(), p.detach().clone()) for r, p in pairs])
 
-    monkeypatch.setattr(trainer, "reset_reference", spy)
+    monkeypatch.setattr(reference, "reset_reference", spy)
     cfg = make_config(FAST + ["variant=C", "reset=periodic", "reset.every=2", "opt_reset=hard"])
     summary = trainer.train(cfg, tmp_path / "c", base_cache)
     assert summary["reset_steps"] == [2, 4, 6] and len(snapshots) == 3
@@ -75,7 +76,7 @@ def test_resets_require_variant_c_and_adaptive_beta_is_logged(run_exp):
 def test_step_counter_hazard_warns_at_config_time():
     import warnings
 
-    from prorl_bench.config import StepCounterHazardWarning
+    from prorl_bench.resets import StepCounterHazardWarning
 
     hazard = ["variant=C", "reset=periodic", "reset.every=10", "opt_reset=soft", "opt_reset.factor=0.0"]
     with pytest.warns(StepCounterHazardWarning, match="ratchets up"):
