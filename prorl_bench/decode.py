@@ -39,7 +39,7 @@ import torch
 
 from prorl_bench.guards import NonFiniteError
 from prorl_bench.model import positions
-from prorl_bench.rollout import _NEG, Rollout, nucleus  # rollout imports this module inside generate only
+from prorl_bench.sampling import _NEG, Rollout, nucleus
 
 MAX_DECODERS = 4  # decoders (cache + graph) kept per policy: training, validation sampling, greedy, routing
 

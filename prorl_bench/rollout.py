@@ -9,63 +9,19 @@ as in TRL (its loss recomputes logits / temperature without the warpers) and ver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from prorl_bench.decode import generate_static, supports_static
 from prorl_bench.guards import NonFiniteError
 from prorl_bench.model import positions
+from prorl_bench.sampling import _NEG, Rollout, nucleus, policy_logits  # noqa: F401 - re-exported
 from prorl_bench.tokenizers import CharTokenizer
 
-_NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
 DECODE_IMPLS = ("dynamic", "static", "graph")  # generate(impl=...): see generate and decode.py
-
-
-@dataclass
-class Rollout:
-    """One batch of prompts with their sampled completions.
-
-    ids/key_mask: (B, P + L) prompt (left-padded) followed by completion (right-padded after EOS).
-    completion_mask: (B, L) float, 1 for generated tokens up to and including EOS.
-    """
-
-    ids: torch.Tensor
-    key_mask: torch.Tensor
-    prompt_len: int
-    completion_mask: torch.Tensor
-
-    @property
-    def completion_ids(self) -> torch.Tensor:
-        return self.ids[:, self.prompt_len :]
-
-    def rows(self, idx: torch.Tensor) -> Rollout:
-        return Rollout(self.ids[idx], self.key_mask[idx], self.prompt_len, self.completion_mask[idx])
-
-    def __len__(self) -> int:
-        return self.ids.shape[0]
-
-
-def policy_logits(logits: torch.Tensor, temperature: float, banned: tuple[int, ...]) -> torch.Tensor:
-    """The sampling distribution's logits: temperature-scaled, banned ids removed. Computed in fp32."""
-    logits = logits.float() / temperature
-    logits[..., list(banned)] = _NEG
-    return logits
 
 
 def _banned(tok: CharTokenizer) -> tuple[int, ...]:
     return tuple(tok.banned_ids)
-
-
-@torch.no_grad()
-def nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Nucleus filtering (Holtzman et al. 2020): keep the smallest set of tokens whose probability
-    reaches ``top_p`` (always the most likely one), mask the rest. z: (B, V) logits."""
-    sorted_z, order = torch.sort(z, dim=-1, descending=True)
-    probs = torch.softmax(sorted_z, -1)
-    before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
-    drop_sorted = before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return z.masked_fill(drop, _NEG)
 
 
 def generate(
@@ -100,8 +56,6 @@ def generate(
     if impl not in DECODE_IMPLS:
         raise ValueError(f"decode impl {impl!r}: allowed {DECODE_IMPLS}")
     if impl != "dynamic":
-        from prorl_bench.decode import generate_static, supports_static
-
         if not supports_static(policy):
             raise ValueError(f"decode impl {impl!r} needs a policy with decode_step ({type(policy).__name__} has none)")
         return generate_static(

@@ -11,7 +11,7 @@ node validated here (unknown keys and a study without a primary endpoint are ref
       block: explore                # which seed block this sweep runs (study.block=confirm)
       blocks: {explore: "range(0,16)", confirm: "range(16,32)"}   # Hydra sweep syntax, disjoint
 
-``metric`` is a per-run column of the aggregate tables (``aggregate.METRICS``); ``direction`` says
+``metric`` is a per-run column of the aggregate tables (``metric_catalog.METRICS``); ``direction`` says
 which way is better (it words the verdict; every test is two-sided); ``margin`` (metric units) is
 what the study accepts as "no effect": without it no cell can be called equivalent. The grid's
 ``hydra.sweeper.params.seed`` is ``${study.blocks.${study.block}}``, so ``study.block=confirm``
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from prorl_bench.metric_catalog import METRIC_NAMES
 from prorl_bench.registry import ConfigError
 
 REQUIRED_BLOCKS = ("explore", "confirm")
@@ -45,7 +46,6 @@ class Endpoint:
     margin: float | None = None  # equivalence margin in the metric's units; null: no equivalence claim
 
     def validate(self, where: str) -> None:
-        from prorl_bench.aggregate import METRIC_NAMES  # pandas only when a study is declared
 
         if self.metric not in METRIC_NAMES:
             raise ConfigError(f"{where}.metric={self.metric!r} is not a per-run metric; one of {METRIC_NAMES}")
