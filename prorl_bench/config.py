@@ -230,9 +230,26 @@ class TaskConfig:
     val_fraction: float = 0.1  # share of the problem space reserved for validation
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
     code: CodeTaskConfig = field(default_factory=CodeTaskConfig)  # task=code only
+    # task=math_jsonl: your problems, a JSONL file of {"question": ..., "answer": ...} (docs/own_data.md)
+    path: str | None = None
+    val_path: str | None = None  # task=math_jsonl: held-out problems (JSONL); null = val_fraction of path, by hash
+    # chat prompts of HF tasks (gsm, math_jsonl, code, reasoning_gym chat): a Jinja chat template, or a
+    # file holding one, instead of the tokenizer's own; null = the tokenizer's
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         registry.TASKS.check(self.name)
+        check = registry.TASKS.meta(self.name).get("check_config")
+        if check is not None:  # the task checks the keys it owns (task.path for math_jsonl)
+            check(self)
+        for key in ("path", "val_path"):
+            _require(getattr(self, key) is None or registry.TASKS.meta(self.name).get("reads_path", False),
+                     f"task.{key}", getattr(self, key), f"null with task={self.name} (read by task=math_jsonl; "
+                     "task=code has task.code.path)")  # fmt: skip
+        if self.chat_template is not None:
+            from prorl_bench.hf_model import resolve_chat_template
+
+            resolve_chat_template(self.chat_template)  # a file that exists, or template text
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
         _require(
             self.max_len >= self.min_len,
@@ -600,7 +617,8 @@ class GuardConfig:
 @dataclass
 class HardwareConfig:
     device: Device = Device.cpu  # cpu | cuda | auto
-    torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
+    # null: a single run uses the CPUs it may run on (affinity), capped by OMP_NUM_THREADS; 1 per multirun job
+    torch_threads: int | None = None
     dtype: DType = DType.fp32  # fp32 | bf16 (bf16 autocast on CUDA only)
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn_only)
     tf32: bool = False  # allow TF32 matmuls on CUDA
@@ -794,6 +812,18 @@ class Config:
                 "compact or question with the native character-level policy (chat templates are an HF "
                 "tokenizer's: use model=hf_causal_lm)",
             )
+        _require(
+            self.task.chat_template is None or self.model.kind != ModelKind.native,
+            "task.chat_template",
+            self.task.chat_template,
+            "null with the native character-level policy (chat templates are an HF tokenizer's: model=hf_causal_lm)",
+        )
+        _require(
+            not (registry.TASKS.meta(self.task.name).get("needs_hf", False) and self.model.kind == ModelKind.native),
+            "task",
+            self.task.name,
+            "a task for model=hf_causal_lm: its prompts go through a chat template",
+        )
         _require(
             not (self.task.name == "code" and self.model.kind == ModelKind.native),
             "task",
