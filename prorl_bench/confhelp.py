@@ -150,8 +150,11 @@ def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
         for part in [p for p in parent.split(".") if p]:
             node = getattr(node, part)
         names = [f.name for f in dataclasses.fields(node)] + (sorted(conf_groups) if not parent else [])
-        close = difflib.get_close_matches(leaf, list(dict.fromkeys(names)), n=3, cutoff=0.6)
         prefix = f"{parent}." if parent else ""
+        close = difflib.get_close_matches(leaf, list(dict.fromkeys(names)), n=3, cutoff=0.6)
+        nested = [k for k in field_help() if k.rsplit(".", 1)[-1] == key] if "." not in key else []
+        if nested:  # a key typed without its section (placement= for kl_estimator.placement=)
+            close, prefix = nested, ""
         where = f"{parent} has no key {leaf!r}" if parent else f"no top-level key or group {leaf!r}"
         if close:
             problems.append(f"unknown config key {key} ({where}): did you mean "
