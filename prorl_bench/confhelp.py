@@ -118,6 +118,7 @@ def _split(arg: str) -> tuple[str, str] | None:
 def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
     """Check a command line's ``key=value`` overrides against the schema before Hydra composes it.
 
+    ``args``: a command line; flags and their values are not overrides and pass through in place.
     Returns ``(problems, corrected)``: one message per key the bench does not have — a TRL or verl
     name gets its translation with the value carried over (``prorl_bench.aliases``), another
     unknown key the closest keys by spelling — and the command line with every translation applied

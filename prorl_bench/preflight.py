@@ -49,23 +49,30 @@ def check(args: Sequence[str]) -> str | None:
     if any(f.startswith(OTHER_CONFIG) for f in flags):
         return None
     overrides = _overrides(args)
-    from prorl_bench.confhelp import check_overrides
-
-    problems, corrected = check_overrides(overrides)
-    if problems:
-        rest = [a for a in args if a not in overrides]
-        lines = [f"prorl-bench: {p}" for p in problems]
-        if corrected != overrides:
-            fixed = " ".join(rest + corrected)
-            lines.append(f"prorl-bench: nothing was run; with the bench's names: prorl-bench {fixed}")
-        else:
-            lines.append("prorl-bench: nothing was run")
-        return "\n".join(lines)
+    problem = names_problem(args)
+    if problem:
+        return problem
     if flags & MULTIRUN:
         return _slurm_problem(overrides)
     if flags & INFO_FLAGS:
         return None
     return validate_single_run(overrides)
+
+
+def names_problem(args: Sequence[str], prog: str = "prorl-bench") -> str | None:
+    """Keys the bench does not have (TRL / verl names translated, typos with the closest keys), as
+    one message ending with the corrected command line; None when every key exists."""
+    from prorl_bench.confhelp import check_overrides
+
+    problems, corrected = check_overrides(list(args))  # flags pass through in place
+    if not problems:
+        return None
+    lines = [f"{prog}: {p}" for p in problems]
+    if corrected != list(args):
+        lines.append(f"{prog}: nothing was run; with the bench's names: {prog} {' '.join(corrected)}")
+    else:
+        lines.append(f"{prog}: nothing was run")
+    return "\n".join(lines)
 
 
 def _compose(overrides: list[str], hydra_node: bool = False):

@@ -136,3 +136,13 @@ def test_cli_says_did_you_mean_before_hydra(tmp_path):
     assert "did you mean algo.lr=1e-5?" in proc.stderr
     assert "Could not override" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_sweep_cli_says_did_you_mean_too(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "prorl_bench.sweep", "+sweep=ablation_small", "num_generations=4", "--dry-run"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "did you mean algo.group_size=4?" in proc.stderr
+    assert "prorl-bench-sweep +sweep=ablation_small algo.group_size=4 --dry-run" in proc.stderr
