@@ -897,39 +897,6 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
 
 
-# Names a TRL (GRPOConfig) or verl user types, and ours. A "did you mean" for unknown keys.
-ALIASES = {
-    "num_generations": "algo.group_size",
-    "n": "algo.group_size",
-    "learning_rate": "algo.lr",
-    "epsilon": "algo.eps_low",
-    "epsilon_high": "algo.eps_high",
-    "clip_ratio_low": "algo.eps_low",
-    "clip_ratio_high": "algo.eps_high",
-    "num_iterations": "algo.ppo_epochs",
-    "ppo_epochs": "algo.ppo_epochs",
-    "kl_coef": "algo.beta",
-    "kl_loss_coef": "algo.beta",
-    "beta": "algo.beta",
-    "max_grad_norm": "algo.grad_clip",
-    "max_completion_length": "algo.max_new_tokens",
-    "max_response_length": "algo.max_new_tokens",
-    "max_new_tokens": "algo.max_new_tokens",
-    "top_p": "algo.top_p",
-    "per_device_train_batch_size": "algo.prompts_per_step and algo.minibatches (a count, not a size)",
-    "ppo_mini_batch_size": "algo.minibatches (a count, not a size)",
-    "train_batch_size": "algo.prompts_per_step",
-    "max_steps": "steps (RL steps = rollouts)",
-    "total_training_steps": "steps (RL steps = rollouts)",
-    "loss_type": "algo.loss_agg / algo.advantage (e.g. algo=dr_grpo)",
-    "loss_agg_mode": "algo.loss_agg",
-    "temperature": "algo.temperature",
-    "top_k": "algo.top_k",
-    "lr": "algo.lr",
-    "kl_loss_type": "kl_estimator (k1|k2|k3)",
-    "ref_model_sync_steps": "reset=polyak reset.every",
-    "ref_model_mixup_alpha": "reset.alpha",
-}
 # Keys a named grid adds at the top level through `+group=option` (content packaged _global_).
 GRID_KEYS = {"sweep", "arm", "kl_setup"}
 
@@ -950,12 +917,15 @@ def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
     return bad
 
 
-def _suggest(path: str) -> str:
+def _suggest(path: str, value: Any = None) -> str:
     import difflib
 
+    from prorl_bench.aliases import translate  # TRL / verl names: one table, also used before Hydra
+
+    hint = translate(path, str(value), {}, frozenset(f.name for f in fields(Config)))
+    if hint is not None:
+        return "; " + hint.message(path).split(": ", 1)[-1]
     leaf = path.rsplit(".", 1)[-1]
-    if leaf in ALIASES:
-        return f"; did you mean {ALIASES[leaf]}?"
     parent = path.rsplit(".", 1)[0] if "." in path else ""
     schema: Any = Config()
     for part in [p for p in parent.split(".") if p]:
@@ -979,7 +949,7 @@ def to_config(cfg: DictConfig) -> Config:
         raise ConfigError(
             "unknown config key"
             + ("s " if len(unknown) > 1 else " ")
-            + ", ".join(f"{k}{_suggest(k)}" for k in unknown)
+            + ", ".join(f"{k}{_suggest(k, OmegaConf.select(cfg, k))}" for k in unknown)
             + " (see `prorl-bench --cfg job` for every key)"
         )
     try:
