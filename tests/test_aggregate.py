@@ -308,3 +308,15 @@ def test_unknown_baseline_is_an_error(tmp_path):
     write_run(tmp_path, ["variant=A1", "seed=0"], metrics=metric_rows([0.5] * 4), summary=OK)
     with pytest.raises(SweepDirError, match="--baseline 'Z'"):
         agg.aggregate(tmp_path, figures=False, baseline="Z")
+
+
+def test_no_after_resets_table_without_events():
+    """Groups without a completed run have NaN event counts: no "After resets" table of dashes."""
+    import pandas as pd
+
+    from prorl_bench.aggregate import event_markdown
+
+    nan = float("nan")
+    groups = pd.DataFrame([{"group": "A1", "n_resets_mean": 0.0, "n_growths_mean": 0.0},
+                           {"group": "B", "n_resets_mean": nan, "n_growths_mean": nan}])  # fmt: skip
+    assert event_markdown(groups) == ""
