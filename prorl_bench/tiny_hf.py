@@ -146,7 +146,7 @@ def build_tiny(family: str, path: str | Path, hidden_size: int = 32, n_layers: i
 
 # Positions the CLI gives a model: 256 fit the built-in tasks; chat prompts (task=gsm: up to 600 question
 # characters + instruction + template allowance, one token per character here, + 256 completion tokens
-# = 1008; task=code: 546; task=math_jsonl on the shipped example: 519) need 1024.
+# = 1007; task=code: 546; task=math_jsonl on the shipped example: 519) need 1024.
 POSITIONS = 256
 CHAT_POSITIONS = 1024
 
