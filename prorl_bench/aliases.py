@@ -369,8 +369,6 @@ TRL: list[Alias] = [
     Alias("TRL", "max_prompt_length", note="prompts are never truncated; the task's limits are checked at start"),
     Alias("TRL", "bf16", note="hardware.dtype=bf16 (CUDA autocast; fp32 on CPU)"),
     Alias("TRL", "use_vllm", note="rollouts use the bench's own sampler with a KV cache"),
-    Alias("TRL", "lr", "algo.lr"),
-    Alias("TRL", "kl_coef", convert=_trl_beta),
 ]
 
 _A, _R, _M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."

@@ -88,13 +88,13 @@ def _groups(sweeps: bool = True) -> set[str]:
     return {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
 
 
-def _unknown_at(key: str, groups: set[str]) -> str | None:
+def _unknown_at(key: str, groups: set[str], root: Any) -> str | None:
     """The dataclass path under which ``key``'s next component is not a field (``""`` for the top
     level), or None when the key exists or is not the schema's to judge (Hydra's own keys, groups,
     free-form dicts such as ``detector.params``)."""
     if "/" in key or "@" in key or key.split(".")[0] == "hydra":
         return None
-    obj: Any = config_module.Config()
+    obj: Any = root
     parts = key.split(".")
     for i, part in enumerate(parts):
         names = {f.name for f in dataclasses.fields(obj)}
@@ -129,6 +129,7 @@ def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
     from prorl_bench import aliases
 
     groups = _groups()
+    root = config_module.Config()  # the schema with its defaults (sections are dataclass instances)
     conf_groups = _groups(sweeps=False)  # sweeps/ groups are added with "+": not a spelling to suggest
     sections = frozenset(f.name for f in dataclasses.fields(config_module.Config))
     pairs = [_split(a) for a in args]
@@ -136,7 +137,7 @@ def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     corrected: list[str] = []
     for arg, pair in zip(args, pairs):
-        parent = None if pair is None else _unknown_at(pair[0], groups)
+        parent = None if pair is None else _unknown_at(pair[0], groups, root)
         if pair is None or parent is None:
             corrected.append(arg)
             continue
@@ -147,7 +148,7 @@ def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
             corrected += hint.overrides
             continue
         leaf = key[len(parent) + 1 :].split(".")[0] if parent else key.split(".")[0]
-        node: Any = config_module.Config()
+        node: Any = root
         for part in [p for p in parent.split(".") if p]:
             node = getattr(node, part)
         names = [f.name for f in dataclasses.fields(node)] + (sorted(conf_groups) if not parent else [])
