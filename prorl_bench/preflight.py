@@ -53,7 +53,7 @@ def check(args: Sequence[str]) -> str | None:
     if problem:
         return problem
     if flags & MULTIRUN:
-        return _slurm_problem(overrides)
+        return slurm_problem(overrides)
     if flags & INFO_FLAGS:
         return None
     return validate_single_run(overrides)
@@ -104,12 +104,14 @@ def validate_single_run(overrides: list[str]) -> str | None:
     return None
 
 
-def _slurm_problem(overrides: list[str]) -> str | None:
-    """One line when the multirun's launcher is SLURM's and this machine has no ``srun``."""
+def slurm_problem(args: Sequence[str], prog: str = "prorl-bench") -> str | None:
+    """One line when the multirun's launcher (from the command line or a grid's defaults) is SLURM's
+    and this machine has no ``srun``; None otherwise, or when the config does not compose (Hydra
+    then reports that itself)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = OverridesParser.create().parse_overrides(_overrides(args))
         plain = [o.input_line for o in parsed if not o.is_sweep_override()]
         cfg = _compose(plain, hydra_node=True)
         target = str(cfg.hydra.launcher.get("_target_", ""))
@@ -118,7 +120,7 @@ def _slurm_problem(overrides: list[str]) -> str | None:
     if not target.endswith(SLURM_TARGET) or shutil.which("srun") is not None:
         return None
     return (
-        "prorl-bench: hydra/launcher=slurm submits jobs to a SLURM cluster, but `srun` is not on PATH here "
-        "(not a SLURM node); nothing was run. Run it on a SLURM login node, or use hydra/launcher=joblib "
-        "(this machine) or hydra/launcher=submitit_local (the same submitit path, local processes)"
+        f"{prog}: the SLURM launcher (hydra/launcher=slurm) submits jobs to a SLURM cluster, but `srun` is not "
+        "on PATH here (not a SLURM node); nothing was run. Run it on a SLURM login node, or use "
+        "hydra/launcher=joblib (this machine) or hydra/launcher=submitit_local (the same submitit path, local)"
     )

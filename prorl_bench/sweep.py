@@ -153,9 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if any(a.split("=")[0] in INFO_FLAGS for a in args):  # Hydra prints; there is nothing to sweep
         return subprocess.call([sys.executable, "-m", "prorl_bench.app", *args])
-    from prorl_bench.preflight import names_problem  # TRL / verl names and typos: "did you mean", before Hydra
+    from prorl_bench import preflight  # TRL / verl names and typos, SLURM without SLURM: before Hydra
 
-    problem = names_problem(args, "prorl-bench-sweep")
+    problem = preflight.names_problem(args, "prorl-bench-sweep") or preflight.slurm_problem(args, "prorl-bench-sweep")
     if problem:
         print(problem, file=sys.stderr)
         return 2
