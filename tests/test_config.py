@@ -23,8 +23,12 @@ def test_every_option_composes_and_validates(group, option, request):
     overrides = [f"{group}={option}"]
     if group == "model" and option == "hf_causal_lm":  # needs a local checkpoint (built, not downloaded)
         overrides.append(f"model.path={request.getfixturevalue('tiny_hf_dir')}")
-    if group == "task" and option in ("gsm", "code"):  # chat prompts need an HF tokenizer; code an HF model
+    if group == "task" and option in ("gsm", "code", "math_jsonl"):  # chat prompts need an HF tokenizer
         overrides += ["model=hf_causal_lm", f"model.path={request.getfixturevalue('tiny_hf_dir')}"]
+    if group == "task" and option == "math_jsonl":  # your problems: the example the package ships
+        from prorl_bench.math_jsonl_task import EXAMPLE
+
+        overrides.append(f"task.path={EXAMPLE}")
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's
     if group == "growth":
