@@ -53,9 +53,11 @@ class Suggestion:
     note: str = ""
 
     def message(self, typed: str) -> str:
-        """One line for the user, e.g. ``learning_rate is TRL's name: did you mean algo.lr=1e-5?``."""
+        """One line for the user, e.g. ``unknown config key learning_rate (TRL's name): did you mean
+        algo.lr=1e-5?``."""
         a = self.alias
-        text = f"{a.name} is {a.source}'s name" if a.name == typed else f"{typed}: {a.name} is {a.source}'s name"
+        whose = f"{a.source}'s name" if a.name == typed else f"{a.source}'s {a.name}"
+        text = f"unknown config key {typed} ({whose})"
         text += f": did you mean {' '.join(self.overrides)}?" if self.overrides else ": no equivalent here."
         return text + (f" Note: {self.note}." if self.note else "")
 
