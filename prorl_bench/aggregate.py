@@ -670,7 +670,8 @@ def study_markdown(study: StudyConfig, comparisons: pd.DataFrame, k: int | None)
 def event_markdown(groups: pd.DataFrame, window: int = DEFAULT_WINDOW) -> str:
     """Post-event diagnostics per group (only groups with events)."""
     heading = {m: h for m, h, _ in METRICS}
-    rows = [g for _, g in groups.iterrows() if g.get("n_resets_mean", 0) or g.get("n_growths_mean", 0)]
+    # "> 0", not truthiness: a group with no completed run has NaN counts, and NaN is truthy (a row of dashes)
+    rows = [g for _, g in groups.iterrows() if g.get("n_resets_mean", 0) > 0 or g.get("n_growths_mean", 0) > 0]
     if not rows:
         return ""
     body = [

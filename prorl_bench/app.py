@@ -26,6 +26,7 @@ from prorl_bench.guards import STOP_FILE, Preempted, SweepStopped, ignore_stop_s
 from prorl_bench.outputs import SAMPLES, read_jsonl, write_summary
 from prorl_bench.record import RecordSnapshot, drop_finished_copies
 from prorl_bench.rundir import RunDirBusy, has_previous_run
+from prorl_bench.threads import resolve_threads
 
 register_configs()
 register_help()  # `prorl-bench --help`: every key with its default and meaning
@@ -97,7 +98,9 @@ def run(cfg: DictConfig) -> float:
             raise SweepStopped(f"{run_dir}: {why}")
     try:
         conf = to_config(cfg)
-        threads = conf.hardware.torch_threads or (1 if multirun else (os.cpu_count() or 1))
+        threads, source = resolve_threads(conf.hardware.torch_threads, multirun)
+        if not multirun:  # a sweep's jobs all say the same: its docs say it once
+            print(f"[prorl-bench] torch threads: {threads} (from {source})")
         os.environ["OMP_NUM_THREADS"] = str(threads)
         cache = Path(conf.warmup.cache_dir)
         if not cache.is_absolute():
@@ -173,8 +176,25 @@ def final_report(run_dir: Path, summary: dict[str, Any], n_prompts: int = 3, n_s
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> float:
+def hydra_main(cfg: DictConfig) -> float:
     return run(cfg)
+
+
+def main() -> None:
+    """``prorl-bench``: check the command line, then hand it to Hydra (``hydra_main``).
+
+    Before Hydra composes anything: a TRL / verl parameter name or a misspelled key gets "did you
+    mean" with the bench's key and the value (``confhelp.check_overrides``); a single run's config is
+    validated, so a bad value leaves no run directory behind (``preflight.validate_single_run``); a
+    SLURM launcher without SLURM is one line. Each is exit status 2 and nothing is written."""
+    from prorl_bench import preflight
+
+    args = sys.argv[1:]
+    problem = preflight.check(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        raise SystemExit(2)
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -85,3 +85,94 @@ def register_help() -> None:
 
     if not OmegaConf.has_resolver("prorl_bench_help"):
         OmegaConf.register_new_resolver("prorl_bench_help", help_text)
+
+
+# --------------------------------------------------------------------------- the command line, before Hydra
+
+
+def _groups(sweeps: bool = True) -> set[str]:
+    """Config groups a ``group=option`` override may name (conf/ and sweeps/ subdirectories)."""
+    from prorl_bench.searchpath import CONF_DIR, SWEEPS_DIR
+
+    dirs = (CONF_DIR, SWEEPS_DIR) if sweeps else (CONF_DIR,)
+    return {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
+
+
+def _unknown_at(key: str, groups: set[str], root: Any) -> str | None:
+    """The dataclass path under which ``key``'s next component is not a field (``""`` for the top
+    level), or None when the key exists or is not the schema's to judge (Hydra's own keys, groups,
+    free-form dicts such as ``detector.params``)."""
+    if "/" in key or "@" in key or key.split(".")[0] == "hydra":
+        return None
+    obj: Any = root
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        names = {f.name for f in dataclasses.fields(obj)}
+        if part not in names:
+            at_top = i == 0 and (part in groups or part in config_module.GRID_KEYS)
+            return None if at_top else ".".join(parts[:i])
+        obj = getattr(obj, part)
+        if not dataclasses.is_dataclass(obj):
+            return None  # a leaf (a deeper key is Hydra's error to give) or a free-form dict
+    return None
+
+
+def _split(arg: str) -> tuple[str, str] | None:
+    """``(key, value)`` of an override (``+``/``++`` dropped), None for flags and deletions."""
+    if arg.startswith(("-", "~")) or "=" not in arg:
+        return None
+    key, value = arg.split("=", 1)
+    return key.lstrip("+"), value
+
+
+def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+    """Check a command line's ``key=value`` overrides against the schema before Hydra composes it.
+
+    ``args``: a command line; flags and their values are not overrides and pass through in place.
+    Returns ``(problems, corrected)``: one message per key the bench does not have — a TRL or verl
+    name gets its translation with the value carried over (``prorl_bench.aliases``), another
+    unknown key the closest keys by spelling — and the command line with every translation applied
+    (empty ``problems``: nothing to say). With or without ``+``: Hydra would otherwise stop at
+    "Key 'learning_rate' is not in struct" (no ``+``) or add the key (``+``)."""
+    import difflib
+
+    from prorl_bench import aliases
+
+    groups = _groups()
+    root = config_module.Config()  # the schema with its defaults (sections are dataclass instances)
+    conf_groups = _groups(sweeps=False)  # sweeps/ groups are added with "+": not a spelling to suggest
+    sections = frozenset(f.name for f in dataclasses.fields(config_module.Config))
+    pairs = [_split(a) for a in args]
+    given = {p[0]: p[1] for p in pairs if p is not None}
+    problems: list[str] = []
+    corrected: list[str] = []
+    for arg, pair in zip(args, pairs):
+        parent = None if pair is None else _unknown_at(pair[0], groups, root)
+        if pair is None or parent is None:
+            corrected.append(arg)
+            continue
+        key, value = pair
+        hint = aliases.translate(key, value, given, sections)
+        if hint is not None:
+            problems.append(hint.message(key))
+            corrected += hint.overrides
+            continue
+        leaf = key[len(parent) + 1 :].split(".")[0] if parent else key.split(".")[0]
+        node: Any = root
+        for part in [p for p in parent.split(".") if p]:
+            node = getattr(node, part)
+        names = [f.name for f in dataclasses.fields(node)] + (sorted(conf_groups) if not parent else [])
+        prefix = f"{parent}." if parent else ""
+        close = difflib.get_close_matches(leaf, list(dict.fromkeys(names)), n=3, cutoff=0.6)
+        nested = [k for k in field_help() if k.rsplit(".", 1)[-1] == key] if "." not in key else []
+        if nested:  # a key typed without its section (placement= for kl_estimator.placement=)
+            close, prefix = nested, ""
+        where = f"{parent} has no key {leaf!r}" if parent else f"no top-level key or group {leaf!r}"
+        if close:
+            problems.append(f"unknown config key {key} ({where}): did you mean "
+                            + " or ".join(f"{prefix}{c}={value}" for c in close) + "?")  # fmt: skip
+            corrected.append(f"{prefix}{close[0]}={value}")
+        else:
+            problems.append(f"unknown config key {key} ({where}; `prorl-bench --help` lists every key)")
+            corrected.append(arg)
+    return problems, corrected

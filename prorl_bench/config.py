@@ -240,9 +240,26 @@ class TaskConfig:
     val_fraction: float = 0.1  # share of the problem space reserved for validation
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
     code: CodeTaskConfig = field(default_factory=CodeTaskConfig)  # task=code only
+    # task=math_jsonl: your problems, a JSONL file of {"question": ..., "answer": ...} (docs/own_data.md)
+    path: str | None = None
+    val_path: str | None = None  # task=math_jsonl: held-out problems (JSONL); null = val_fraction of path, by hash
+    # chat prompts of HF tasks (gsm, math_jsonl, code, reasoning_gym chat): a Jinja chat template, or a
+    # file holding one, instead of the tokenizer's own; null = the tokenizer's
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         registry.TASKS.params(registry.TASKS.check(self.name), self.params, "task.params")
+        check = registry.TASKS.meta(self.name).get("check_config")
+        if check is not None:  # the task checks the keys it owns (task.path for math_jsonl)
+            check(self)
+        for key in ("path", "val_path"):
+            _require(getattr(self, key) is None or registry.TASKS.meta(self.name).get("reads_path", False),
+                     f"task.{key}", getattr(self, key), f"null with task={self.name} (read by task=math_jsonl; "
+                     "task=code has task.code.path)")  # fmt: skip
+        if self.chat_template is not None:
+            from prorl_bench.hf_model import resolve_chat_template
+
+            resolve_chat_template(self.chat_template)  # a file that exists, or template text
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
         _require(
             self.max_len >= self.min_len,
@@ -632,7 +649,8 @@ class GuardConfig:
 @dataclass
 class HardwareConfig:
     device: Device = Device.cpu  # cpu | cuda | auto
-    torch_threads: int | None = None  # None: all cores for a single run, 1 per multirun job
+    # null: a single run uses the CPUs it may run on (affinity), capped by OMP_NUM_THREADS; 1 per multirun job
+    torch_threads: int | None = None
     dtype: DType = DType.fp32  # fp32 | bf16 (bf16 autocast on CUDA only)
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn_only)
     tf32: bool = False  # allow TF32 matmuls on CUDA
@@ -835,6 +853,18 @@ class Config:
                 "tokenizer's: use model=hf_causal_lm)",
             )
         _require(
+            self.task.chat_template is None or self.model.kind != ModelKind.native,
+            "task.chat_template",
+            self.task.chat_template,
+            "null with the native character-level policy (chat templates are an HF tokenizer's: model=hf_causal_lm)",
+        )
+        _require(
+            not (registry.TASKS.meta(self.task.name).get("needs_hf", False) and self.model.kind == ModelKind.native),
+            "task",
+            self.task.name,
+            "a task for model=hf_causal_lm: its prompts go through a chat template",
+        )
+        _require(
             not (self.task.name == "code" and self.model.kind == ModelKind.native),
             "task",
             "code",
@@ -887,39 +917,6 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
 
 
-# Names a TRL (GRPOConfig) or verl user types, and ours. A "did you mean" for unknown keys.
-ALIASES = {
-    "num_generations": "algo.group_size",
-    "n": "algo.group_size",
-    "learning_rate": "algo.lr",
-    "epsilon": "algo.eps_low",
-    "epsilon_high": "algo.eps_high",
-    "clip_ratio_low": "algo.eps_low",
-    "clip_ratio_high": "algo.eps_high",
-    "num_iterations": "algo.ppo_epochs",
-    "ppo_epochs": "algo.ppo_epochs",
-    "kl_coef": "algo.beta",
-    "kl_loss_coef": "algo.beta",
-    "beta": "algo.beta",
-    "max_grad_norm": "algo.grad_clip",
-    "max_completion_length": "algo.max_new_tokens",
-    "max_response_length": "algo.max_new_tokens",
-    "max_new_tokens": "algo.max_new_tokens",
-    "top_p": "algo.top_p",
-    "per_device_train_batch_size": "algo.prompts_per_step and algo.minibatches (a count, not a size)",
-    "ppo_mini_batch_size": "algo.minibatches (a count, not a size)",
-    "train_batch_size": "algo.prompts_per_step",
-    "max_steps": "steps (RL steps = rollouts)",
-    "total_training_steps": "steps (RL steps = rollouts)",
-    "loss_type": "algo.loss_agg / algo.advantage (e.g. algo=dr_grpo)",
-    "loss_agg_mode": "algo.loss_agg",
-    "temperature": "algo.temperature",
-    "top_k": "algo.top_k",
-    "lr": "algo.lr",
-    "kl_loss_type": "kl_estimator (a registered KL estimator, e.g. kl_estimator=k3)",
-    "ref_model_sync_steps": "reset=polyak reset.every",
-    "ref_model_mixup_alpha": "reset.alpha",
-}
 # Keys a named grid adds at the top level through `+group=option` (content packaged _global_).
 GRID_KEYS = {"sweep", "arm", "kl_setup"}
 
@@ -940,12 +937,15 @@ def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
     return bad
 
 
-def _suggest(path: str) -> str:
+def _suggest(path: str, value: Any = None) -> str:
     import difflib
 
+    from prorl_bench.aliases import translate  # TRL / verl names: one table, also used before Hydra
+
+    hint = translate(path, str(value), {}, frozenset(f.name for f in fields(Config)))
+    if hint is not None:
+        return "; " + hint.message(path).split(": ", 1)[-1]
     leaf = path.rsplit(".", 1)[-1]
-    if leaf in ALIASES:
-        return f"; did you mean {ALIASES[leaf]}?"
     parent = path.rsplit(".", 1)[0] if "." in path else ""
     schema: Any = Config()
     for part in [p for p in parent.split(".") if p]:
@@ -970,7 +970,7 @@ def to_config(cfg: DictConfig) -> Config:
         raise ConfigError(
             "unknown config key"
             + ("s " if len(unknown) > 1 else " ")
-            + ", ".join(f"{k}{_suggest(k)}" for k in unknown)
+            + ", ".join(f"{k}{_suggest(k, OmegaConf.select(cfg, k))}" for k in unknown)
             + " (see `prorl-bench --cfg job` for every key)"
         )
     try:

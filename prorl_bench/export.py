@@ -153,7 +153,7 @@ def hf_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
 
 def export_hf(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
     """Write ``save_pretrained`` weights + tokenizer of an HF policy to ``out`` (LoRA merged)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     src = str(cfg.model.path)
     hf_cfg = AutoConfig.from_pretrained(src, local_files_only=True)
@@ -167,11 +167,54 @@ def export_hf(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
         )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    bench_tok = bench_tokenizer(cfg)
+    set_generation_defaults(model, bench_tok)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(src, local_files_only=True).save_pretrained(out)
+    export_tokenizer(bench_tok, out)
     if cfg.adapter.kind == AdapterKind.lora and cfg.adapter.freeze_base:
         export_peft(policy, cfg, out / PEFT_DIR)  # the adapters alone, for PEFT users
     return out
+
+
+PROBE = "Q: 12 + 30 = ? A: 42."  # a prompt to compare the bench's ids with the exported tokenizer's
+
+
+def bench_tokenizer(cfg: Config) -> Any:
+    """The run's ``HFTokenizer`` as training built it (``task.chat_template`` applied)."""
+    from prorl_bench.policies import build_tokenizer
+
+    return build_tokenizer(cfg)
+
+
+def set_generation_defaults(model: nn.Module, tok: Any) -> None:
+    """``generate`` on the export decodes as the bench's sampler does: it stops at the bench's EOS,
+    pads with its PAD, and never emits PAD or BOS (``banned_ids``, removed from the bench's sampling
+    distribution; ``suppress_tokens`` in ``generation_config.json``)."""
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id = tok.EOS, tok.PAD
+    if tok.BOS is not None:
+        gc.bos_token_id = tok.BOS
+    gc.suppress_tokens = list(tok.banned_ids) or None
+
+
+def export_tokenizer(tok: Any, out: str | Path) -> None:
+    """Save the run's tokenizer so that plain ``AutoTokenizer.from_pretrained(out)(text)`` gives the
+    bench's prompt ids: the bench puts BOS in front of a (non-chat) prompt and encodes the text without
+    special tokens, so the exported tokenizer is made to add BOS itself — its own ``add_bos_token``
+    (the post-processor template transformers builds from it), saved with it. Chat prompts are
+    unchanged: ``apply_chat_template`` renders BOS from the template and encodes without special
+    tokens. Raises ValueError if the tokenizer cannot be made to agree (checked on ``PROBE``)."""
+    hf = tok.hf
+    want = ([tok.BOS] if tok.BOS is not None else []) + tok.encode(PROBE)
+    if list(hf(PROBE)["input_ids"]) != want:
+        for attr, value in (("add_bos_token", tok.BOS is not None), ("add_eos_token", False)):
+            if hasattr(hf, attr):
+                setattr(hf, attr, value)  # the tokenizer rebuilds its post-processor
+                hf.init_kwargs[attr] = value  # and saves the setting with it
+    got = list(hf(PROBE)["input_ids"])
+    if got != want:
+        raise ValueError(f"export: {type(hf).__name__} encodes {PROBE!r} as {got}, the bench as {want} (BOS by hand)")
+    hf.save_pretrained(out)
 
 
 PEFT_DIR = "peft_adapter"  # inside an HF export: the LoRA adapters alone, in PEFT's format

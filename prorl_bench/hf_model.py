@@ -20,6 +20,7 @@ Nothing is downloaded: loading uses ``local_files_only=True`` and a missing path
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,13 +52,21 @@ class HFTokenizer:
     tokenizers decode a leading space), which is what the verifiers compare.
     """
 
-    def __init__(self, hf_tok: Any, chat: bool = False) -> None:
+    def __init__(
+        self, hf_tok: Any, chat: bool = False, chat_key: str = "task.reasoning_gym.prompt_style=chat",
+        chat_template: str | None = None, plain: str = "prompt_style=question|compact",
+    ) -> None:  # fmt: skip
+        """``chat``: prompts go through the chat template — ``chat_template`` (``task.chat_template``,
+        text or a file) if given, else the tokenizer's own. ``chat_key``: the setting that asked for
+        chat prompts, and ``plain`` its alternative without a template (both named in the error)."""
         if hf_tok.eos_token_id is None:
             raise ConfigError("model.path: the tokenizer has no eos_token; allowed: a tokenizer with an EOS token")
+        if chat_template is not None:
+            hf_tok.chat_template = resolve_chat_template(chat_template)
         if chat and not getattr(hf_tok, "chat_template", None):
             raise ConfigError(
-                "task.reasoning_gym.prompt_style=chat: the tokenizer in model.path has no chat_template; "
-                "allowed here: prompt_style=question|compact, or an instruction-tuned checkpoint"
+                f"{chat_key}: the tokenizer in model.path has no chat_template; allowed here: {plain}, "
+                "task.chat_template=FILE_OR_TEMPLATE, or an instruction-tuned checkpoint"
             )
         self.hf = hf_tok
         self.chat = chat
@@ -117,6 +126,13 @@ class HFKVCache:
     length: int = 0
 
 
+def cache_argument(model: nn.Module) -> str:
+    """The name under which ``model.forward`` takes (and its output returns) the KV cache: ``cache``
+    since transformers 5.x deprecated ``past_key_values`` (a FutureWarning on every decoding step),
+    ``past_key_values`` before. Either way the object passed is a ``DynamicCache``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFCausalLMPolicy(nn.Module):
     """Any ``AutoModelForCausalLM`` behind the policy interface (uses the module's own forward)."""
 
@@ -129,6 +145,7 @@ class HFCausalLMPolicy(nn.Module):
             c.num_attention_heads
         )
         self.max_positions = int(getattr(c, "max_position_embeddings", 1 << 30))
+        self._cache_arg = cache_argument(model)
 
     @staticmethod
     def positions(key_mask: torch.Tensor) -> torch.Tensor:
@@ -160,10 +177,10 @@ class HFCausalLMPolicy(nn.Module):
             input_ids=ids,
             attention_mask=cache.key_mask[:, : start + t].long(),
             position_ids=pos,
-            past_key_values=cache.kv,
             use_cache=True,
+            **{self._cache_arg: cache.kv},
         )
-        cache.kv = out.past_key_values
+        cache.kv = getattr(out, self._cache_arg)
         cache.length = start + t
         return out.logits
 
@@ -187,12 +204,30 @@ def fingerprint(path: str | Path) -> dict[str, Any]:
     return {"path": str(p.resolve()), "files": h.hexdigest()[:16]}
 
 
-def load_tokenizer(path: str | Path, chat: bool = False) -> HFTokenizer:
-    """The checkpoint's tokenizer; ``chat``: prompts go through its chat template."""
+def load_tokenizer(path: str | Path, chat: bool = False, **kwargs: Any) -> HFTokenizer:
+    """The checkpoint's tokenizer; ``chat``: prompts go through its chat template (``kwargs``: see
+    :class:`HFTokenizer`)."""
     _require_transformers()
     from transformers import AutoTokenizer
 
-    return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), chat=chat)
+    return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), chat=chat, **kwargs)
+
+
+def resolve_chat_template(value: str) -> str:
+    """``task.chat_template``: template text (it contains ``{{`` or ``{%``), or the path of a file
+    holding one (read as UTF-8). Anything else is a ConfigError naming the key."""
+    if "{{" in value or "{%" in value:
+        return value
+    p = Path(value).expanduser()
+    if not p.is_file():
+        raise ConfigError(
+            f"invalid config value task.chat_template={value!r}: allowed a Jinja chat template (text with "
+            "{{ or {%) or an existing file holding one"
+        )
+    text = p.read_text(encoding="utf-8")
+    if "{{" not in text and "{%" not in text:
+        raise ConfigError(f"invalid config value task.chat_template={value!r}: {p} holds no Jinja template")
+    return text
 
 
 def _is_llama_family(model: nn.Module) -> bool:

@@ -26,12 +26,22 @@ def build_tokenizer(cfg: Config):
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import load_tokenizer
 
-        t = cfg.task
-        chat = (t.name == "reasoning_gym" and t.reasoning_gym.prompt_style == PromptStyle.chat) or (
-            t.name == "code" and t.code.prompt_style == PromptStyle.chat
-        )
-        return load_tokenizer(cfg.model.path, chat=chat)
+        chat, key, plain = chat_setting(cfg)
+        return load_tokenizer(cfg.model.path, chat=chat, chat_key=key, plain=plain,
+                              chat_template=cfg.task.chat_template)  # fmt: skip
     return CharTokenizer()
+
+
+def chat_setting(cfg: Config) -> tuple[bool, str, str]:
+    """(prompts go through a chat template, the setting that says so, its alternative without one):
+    a missing template is blamed on the key that asked for it."""
+    t = cfg.task
+    if t.name == "code":
+        return t.code.prompt_style == PromptStyle.chat, "task.code.prompt_style=chat", "task.code.prompt_style=question"
+    if t.name == "math_jsonl":
+        return True, "task=math_jsonl", "a model whose tokenizer has one"
+    rg = t.name == "reasoning_gym" and t.reasoning_gym.prompt_style == PromptStyle.chat
+    return rg, "task.reasoning_gym.prompt_style=chat", "task.reasoning_gym.prompt_style=question|compact"
 
 
 def warmup_enabled(cfg: Config) -> bool:

@@ -30,6 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prorl_bench.answers import (  # noqa: F401  (CHAT_*, extract_answer: re-exported, the task=gsm names)
+    CHAT_INSTRUCTION,
+    CHAT_TEMPLATE_ALLOWANCE,
+    extract_answer,
+    strict_answer,
+)
 from prorl_bench.config import ConfigError, PromptStyle, TaskConfig
 from prorl_bench.extras import require_extra
 from prorl_bench.registry import TASKS
@@ -71,40 +77,6 @@ COMPACT: dict[str, Callable[[dict[str, Any]], str]] = {
 
 _PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
 
-CHAT_INSTRUCTION = "Give your final answer inside <answer></answer> tags."
-# the chat template's own text (role markers, system prompt) comes on top of the question: allowance in tokens
-CHAT_TEMPLATE_ALLOWANCE = 96
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def extract_answer(
-    completion: str, numeric: bool = False, last_number: bool = False, strict: bool = False
-) -> str | None:
-    """The final answer in a free-form completion: the last ``<answer>…</answer>``, else what follows
-    the last "Answer:" (first line), else — with ``last_number`` and a numeric answer — the last number
-    in the text; else the whole completion, stripped (``strict``: None, i.e. no answer given).
-    Numbers lose thousands separators.
-
-    The task scores with ``strict=True``: reasoning-gym's gsm_symbolic verifier reads the *first*
-    number of whatever it is given, and on a random tiny model (10 steps, 16 held-out prompts) that
-    gave 6-19% held-out "success" from random characters — a reward a policy could farm.
-    """
-    tags = _ANSWER_TAG.findall(completion)
-    if tags:
-        return tags[-1].strip()
-    lines = _ANSWER_LINE.findall(completion)
-    if lines:
-        ans = lines[-1].strip().splitlines()[0].strip().rstrip(".")
-        return ans.replace(",", "") if numeric else ans
-    if numeric and last_number:
-        nums = _NUMBER.findall(completion.replace(",", ""))
-        if nums:
-            return nums[-1]
-    return None if strict else completion.strip()
-
-
 # Arguments a generator gets unless task.reasoning_gym.generator_args names it: sizes whose compact
 # prompts and answers fit the character-level policy. Kept here, not in the YAML, so that choosing
 # other generators never trips over arguments the user did not write.
@@ -117,6 +89,20 @@ def _import_rg():
     return require_extra("reasoning_gym", "task.name=reasoning_gym", "reasoning")
 
 
+def check_generators(names: list[str]) -> None:
+    """Every name is a reasoning-gym dataset; else a ConfigError with the closest names (difflib)."""
+    import difflib
+
+    known = sorted(_import_rg().factory.DATASETS)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}?" if close else f"allowed: {', '.join(known)}"
+            raise ConfigError(
+                f"invalid config value task.reasoning_gym.generators={name!r}: not a reasoning-gym dataset; {hint}"
+            )
+
+
 @TASKS.register("reasoning_gym")
 class ReasoningGymTask:
     """The Task interface (sample_train, val_set, score, max_*_len) over reasoning-gym generators."""
@@ -125,6 +111,7 @@ class ReasoningGymTask:
         self.cfg = cfg
         self.rg_cfg = cfg.reasoning_gym
         self.name = "reasoning_gym:" + "+".join(self.rg_cfg.generators)
+        check_generators(self.rg_cfg.generators)
         self.chat = self.rg_cfg.prompt_style == PromptStyle.chat
         self.max_prompt_len = 1 + self.rg_cfg.max_prompt_chars  # + BOS
         if self.chat:
@@ -221,8 +208,7 @@ class ReasoningGymTask:
         if not isinstance(problem, RGProblem):
             raise TypeError(f"{self.name} scores RGProblem instances, got {type(problem).__name__}")
         if self.chat:
-            numeric = bool(_NUMBER.fullmatch(problem.target.strip()))
-            answer = extract_answer(completion, numeric=numeric, strict=True)
+            answer = strict_answer(completion, problem.target)
             if answer is None:  # no <answer> tags and no "Answer:" line: no answer was given
                 return 0.0, False
             completion = answer

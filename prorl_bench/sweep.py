@@ -153,6 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if any(a.split("=")[0] in INFO_FLAGS for a in args):  # Hydra prints; there is nothing to sweep
         return subprocess.call([sys.executable, "-m", "prorl_bench.app", *args])
+    from prorl_bench import preflight  # TRL / verl names and typos, SLURM without SLURM: before Hydra
+
+    problem = preflight.names_problem(args, "prorl-bench-sweep") or preflight.slurm_problem(args, "prorl-bench-sweep")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     dry_run, check = "--dry-run" in args, "--no-validate" not in args
     args = [a for a in args if a not in ("--dry-run", "--no-validate")]
     if not check:

@@ -144,7 +144,16 @@ def build_tiny(family: str, path: str | Path, hidden_size: int = 32, n_layers: i
     return path
 
 
-if __name__ == "__main__":  # python -m prorl_bench.tiny_hf OUT_DIR [--no-pad]
+# Positions the CLI gives a model: 256 fit the built-in tasks; chat prompts (task=gsm: up to 600 question
+# characters + instruction + template allowance, one token per character here, + 256 completion tokens
+# = 1007; task=code: 546; task=math_jsonl on the shipped example: 519) need 1024.
+POSITIONS = 256
+CHAT_POSITIONS = 1024
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m prorl_bench.tiny_hf OUT_DIR [--chat-template] [--max-positions N]``: build and print
+    the directory."""
     import argparse
 
     ap = argparse.ArgumentParser(description="Save a tiny random LLaMA + char tokenizer (offline) to OUT_DIR.")
@@ -152,14 +161,26 @@ if __name__ == "__main__":  # python -m prorl_bench.tiny_hf OUT_DIR [--no-pad]
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--no-pad", action="store_true", help="ship no pad token (the bench then pads with EOS)")
-    ap.add_argument("--chat-template", action="store_true", help="give the tokenizer a minimal chat template")
-    args = ap.parse_args()
-    print(
-        build_tiny_llama(
-            args.out,
-            hidden_size=args.hidden,
-            n_layers=args.layers,
-            with_pad=not args.no_pad,
-            chat_template=args.chat_template,
-        )
+    ap.add_argument("--chat-template", action="store_true",
+                    help=f"give the tokenizer a minimal chat template (and {CHAT_POSITIONS} positions)")  # fmt: skip
+    ap.add_argument("--max-positions", type=int, default=None,
+                    help=f"context length in tokens (default {POSITIONS}; {CHAT_POSITIONS} with --chat-template, "
+                         "enough for task=gsm, task=code and task=math_jsonl)")  # fmt: skip
+    args = ap.parse_args(argv)
+    positions = args.max_positions or (CHAT_POSITIONS if args.chat_template else POSITIONS)
+    if positions < 8:
+        ap.error(f"--max-positions {positions}: allowed >= 8")
+    out = build_tiny_llama(
+        args.out,
+        hidden_size=args.hidden,
+        n_layers=args.layers,
+        max_position_embeddings=positions,
+        with_pad=not args.no_pad,
+        chat_template=args.chat_template,
     )
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()

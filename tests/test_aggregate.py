@@ -464,3 +464,15 @@ def test_missing_jobs_of_a_study_block_are_listed(tmp_path):
     runs = agg.aggregate(tmp_path, figures=False).runs.set_index(["group", "seed"])
     assert runs.loc[("hard", "3"), "status"] == "missing" and runs.loc[("hard", "3"), "block"] == "confirm"
     assert len(runs) == 4
+
+
+def test_no_after_resets_table_without_events():
+    """Groups without a completed run have NaN event counts: no "After resets" table of dashes."""
+    import pandas as pd
+
+    from prorl_bench.aggregate import event_markdown
+
+    nan = float("nan")
+    groups = pd.DataFrame([{"group": "A1", "n_resets_mean": 0.0, "n_growths_mean": 0.0},
+                           {"group": "B", "n_resets_mean": nan, "n_growths_mean": nan}])  # fmt: skip
+    assert event_markdown(groups) == ""

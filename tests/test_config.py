@@ -1,5 +1,6 @@
 """Every option of every group composes; typos and bad values fail early with a clear message."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,12 @@ def test_every_option_composes_and_validates(group, option, request):
     overrides = [f"{group}={option}"]
     if group == "model" and option == "hf_causal_lm":  # needs a local checkpoint (built, not downloaded)
         overrides.append(f"model.path={request.getfixturevalue('tiny_hf_dir')}")
-    if group == "task" and option in ("gsm", "code"):  # chat prompts need an HF tokenizer; code an HF model
+    if group == "task" and option in ("gsm", "code", "math_jsonl"):  # chat prompts need an HF tokenizer
         overrides += ["model=hf_causal_lm", f"model.path={request.getfixturevalue('tiny_hf_dir')}"]
+    if group == "task" and option == "math_jsonl":  # your problems: the example the package ships
+        from prorl_bench.math_jsonl_task import EXAMPLE
+
+        overrides.append(f"task.path={EXAMPLE}")
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's
     if group == "growth":
@@ -120,11 +125,95 @@ def _cli(*args, cwd):
     return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_cli_bad_value_exits_nonzero_with_message(tmp_path):
+def test_cli_bad_value_exits_nonzero_with_message_and_leaves_no_run_directory(tmp_path):
     r = _cli("algo.eps_low=-1", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
-    assert r.returncode != 0
-    assert "algo.eps_low" in r.stderr and "allowed" in r.stderr
+    assert r.returncode == 2
+    assert "config error: invalid config value algo.eps_low=-1" in r.stderr and "allowed" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # validated before Hydra made the directory: no clutter
+
+
+def test_a_bad_value_in_a_job_is_still_recorded_as_failed(tmp_path, monkeypatch):
+    """A job that reaches the run (a multirun job; a single run with the check skipped) and fails
+    validation still writes its failed summary: nothing is dropped silently."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from prorl_bench import app
+
+    cfg = compose_cfg(["algo.eps_low=-1", f"run_dir={tmp_path / 'run'}"])
+
+    class FakeHydra:  # what HydraConfig.get() gives a single run's job
+        mode = RunMode.RUN
+        runtime = OmegaConf.create({"output_dir": str(tmp_path / "hydra")})
+
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: FakeHydra))
+    with pytest.raises(SystemExit) as info:
+        app.run(cfg)
+    assert info.value.code == 2
     assert '"status": "failed"' in (tmp_path / "run" / "summary.json").read_text()
+
+
+def test_slurm_launcher_without_slurm_is_one_line(tmp_path):
+    env_path = str(Path(sys.executable).parent)  # prorl-bench's own directory, no srun
+    exe = Path(sys.executable).with_name("prorl-bench")
+    r = subprocess.run(
+        [str(exe), "-m", "hydra/launcher=slurm", "seed=0,1", f"hydra.sweep.dir={tmp_path}/sweep"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": env_path},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "srun" in lines[0] and "hydra/launcher=joblib" in lines[0], r.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize(
+    "configured,multirun,env,cpus,want",
+    [
+        (None, False, {}, 3, (3, "the CPU affinity: 3 CPUs")),
+        (None, False, {"OMP_NUM_THREADS": "1"}, 3, (1, "OMP_NUM_THREADS=1")),
+        (None, False, {"OMP_NUM_THREADS": "2,1"}, 3, (2, "OMP_NUM_THREADS=2")),  # OpenMP's nested form
+        (None, False, {"OMP_NUM_THREADS": "8"}, 3, (3, "OMP_NUM_THREADS=8 capped at the CPU affinity: 3 CPUs")),
+        (
+            None,
+            False,
+            {"OMP_NUM_THREADS": "lots"},
+            2,
+            (2, "the CPU affinity: 2 CPUs; OMP_NUM_THREADS='lots' ignored: not a positive integer"),
+        ),  # fmt: skip
+        (None, True, {"OMP_NUM_THREADS": "8"}, 3, (1, "one per multirun job; hardware.torch_threads overrides")),
+        (4, False, {"OMP_NUM_THREADS": "1"}, 3, (4, "hardware.torch_threads")),
+    ],
+)
+def test_torch_threads_follow_affinity_and_omp_num_threads(configured, multirun, env, cpus, want):
+    from prorl_bench.threads import resolve_threads
+
+    assert resolve_threads(configured, multirun, environ=env, cpus=cpus) == want
+
+
+def test_available_cpus_is_the_affinity_not_the_machine(monkeypatch):
+    from prorl_bench import threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads.available_cpus() == 2
+    assert threads.resolve_threads(None, False) == (2, "the CPU affinity: 2 CPUs")
+    monkeypatch.delattr(os, "sched_getaffinity")  # no affinity call (macOS): the CPU count
+    assert threads.available_cpus() == 64
+
+
+@pytest.mark.slow
+def test_the_run_prints_its_thread_count(tmp_path, base_cache):
+    exe = Path(sys.executable).with_name("prorl-bench")
+    args = ["steps=1", "eval_every=1", "task.val_size=4", "eval.n_samples=2", "eval.ks=[1]", "progress=false",
+            "warmup.target_success=0.05", f"warmup.cache_dir={base_cache}",
+            f"hydra.run.dir={tmp_path}/run"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([str(exe), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "[prorl-bench] torch threads: 1 (from OMP_NUM_THREADS=1)" in r.stdout
 
 
 def test_cli_unknown_option_exits_nonzero(tmp_path):

@@ -173,3 +173,39 @@ def test_hf_lora_names_under_impl_fast_fail_loudly(tiny_hf_dir, tmp_path):
     model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.fast)
     with pytest.raises(ConfigError, match=r"adapter.targets.*q_proj.*model.impl=hf"):
         train(_cfg(model, adapter), tmp_path / "run", tmp_path / "cache", threads=1)
+
+
+def test_exported_tokenizer_and_generate_reproduce_the_bench(tiny_hf_dir, tmp_path, capsys):
+    """Plain AutoTokenizer on the export encodes a prompt as the bench does (BOS included, by the
+    tokenizer's own add_bos_token), and greedy ``generate`` on the export writes what
+    ``prorl-bench-sample --temperature 0`` writes, from the run and from the export."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prorl_bench.export import sample_main
+
+    model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.hf)
+    train(_cfg(model), tmp_path / "run", tmp_path / "cache", threads=1)
+    assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    _, tok, _, _ = load_run(tmp_path / "run")
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    gc = hf.generation_config  # the bench's sampler never emits PAD/BOS and stops at its EOS: so does generate
+    assert gc.suppress_tokens == list(tok.banned_ids) == [tok.BOS] and gc.eos_token_id == tok.EOS == gc.pad_token_id
+    prompts = ["12 34", "5", "Q: 7 + 8 = ?"]
+    for prompt in prompts:
+        ids, mask = tok.encode_prompts([prompt])
+        bench_ids = ids[0][mask[0]].tolist()
+        assert bench_ids[0] == tok.BOS and hf_tok(prompt)["input_ids"] == bench_ids
+    capsys.readouterr()
+    for src in ("run", "out"):
+        args = [str(tmp_path / src), "--n", "1", "--temperature", "0", "--max-new-tokens", "12"]
+        assert sample_main(args + [a for p in prompts for a in ("--prompt", p)]) == 0
+        sampled = [json.loads(line)["completion"] for line in capsys.readouterr().out.splitlines()]
+        for prompt, text in zip(prompts, sampled):
+            enc = hf_tok(prompt, return_tensors="pt")
+            with torch.no_grad():
+                out = hf.generate(**enc, max_new_tokens=12, do_sample=False)
+            generated = hf_tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+            assert generated == text, (src, prompt)

@@ -158,3 +158,48 @@ def test_flops_per_token_counts_every_linear_weight(tiny_hf_dir):
         n_linear = sum(p.numel() for n, p in policy.named_parameters() if p.dim() == 2 and "embed" not in n)
         assert policy.flops_per_token(0) == 2.0 * n_linear
         assert policy.flops_per_token(10) > policy.flops_per_token(0)
+
+
+@pytest.mark.parametrize("impl", [HFImpl.hf, HFImpl.fast])
+def test_decoding_raises_no_future_warning(impl, tiny_hf_dir):
+    """The KV cache is passed as a Cache object under the name this transformers version takes
+    (``cache`` since 5.x: ``past_key_values`` warned on every decoding step of every HF run)."""
+    import warnings
+
+    tok = load_tokenizer(tiny_hf_dir)
+    policy = _load(tiny_hf_dir, impl)
+    ids, mask = tok.encode_prompts(PROMPTS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning, FutureWarning included, fails the test
+        generate(policy, tok, ids, mask, 4, 1.0, generator=torch.Generator().manual_seed(0))
+
+
+def test_tiny_hf_cli_builds_enough_positions_for_chat_tasks(tmp_path):
+    import json
+
+    from prorl_bench.tiny_hf import CHAT_POSITIONS, main
+
+    def positions(*args):
+        out = main([str(tmp_path / "m"), "--hidden", "16", "--layers", "1", *args])
+        return json.loads((out / "config.json").read_text())["max_position_embeddings"]
+
+    assert positions() == 256
+    assert positions("--chat-template") == CHAT_POSITIONS == 1024
+    assert positions("--max-positions", "300") == 300
+    from prorl_bench.math_jsonl_task import EXAMPLE
+    from prorl_bench.tasks import make_task
+
+    tasks = [["task=code"], ["task=math_jsonl", f"task.path={EXAMPLE}"]]
+    try:
+        import reasoning_gym  # noqa: F401
+
+        tasks.append(["task=gsm"])
+    except ImportError:
+        pass
+    need = {}  # what the README's chat-task commands need on this model: prompt + completion budget
+    for overrides in tasks:
+        cfg = to_config(_compose([*overrides, "model=hf_causal_lm", f"model.path={tmp_path / 'm'}"]))
+        task = make_task(cfg.task)
+        need[overrides[0]] = task.max_prompt_len + task.max_completion_len
+    assert max(need.values()) <= CHAT_POSITIONS, need
+    assert need["task=code"] > 256  # why the default 256 positions were refused for task=code

@@ -132,3 +132,13 @@ def test_a_bad_generator_argument_names_the_key_the_user_set():
     )
     with pytest.raises(ConfigError, match=r"task.reasoning_gym.generator_args.basic_arithmetic=.*max_terms"):
         make_task(cfg.task).val_set()
+
+
+def test_a_misspelled_generator_gets_the_closest_names():
+    cfg = TaskConfig(name="reasoning_gym", reasoning_gym=ReasoningGymConfig(generators=["number_sortng"]))
+    with pytest.raises(ConfigError, match=r"generators=.number_sortng.: .*did you mean number_sorting or"):
+        make_task(cfg)  # before any dataset is built (and before a run directory exists, for the native policy)
+    with pytest.raises(ConfigError, match=r"generators='number_sortng'"):
+        make_config(["task=reasoning_gym", "task.reasoning_gym.generators=[number_sortng]"])
+    with pytest.raises(ConfigError, match="allowed: .*spell_backward"):  # nothing close: the list
+        make_task(TaskConfig(name="reasoning_gym", reasoning_gym=ReasoningGymConfig(generators=["zzzzqq"])))
