@@ -26,6 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import registry
+from prorl_bench.chat_template import resolve_chat_template
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import register_resolvers
 from prorl_bench.study import StudyConfig
@@ -257,8 +258,6 @@ class TaskConfig:
                      f"task.{key}", getattr(self, key), f"null with task={self.name} (read by task=math_jsonl; "
                      "task=code has task.code.path)")  # fmt: skip
         if self.chat_template is not None:
-            from prorl_bench.hf_model import resolve_chat_template
-
             resolve_chat_template(self.chat_template)  # a file that exists, or template text
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")
         _require(
@@ -892,6 +891,9 @@ class Config:
 
 MAX_SEED = 2**24
 
+
+
+registry.set_schema(Config)  # aliases.py reads the defaults through the registry (no import cycle)
 
 def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
     """No float anywhere in the config may be NaN or infinite."""

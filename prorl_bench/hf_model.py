@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from prorl_bench.chat_template import resolve_chat_template
 from prorl_bench.config import ConfigError, HFImpl, ModelConfig
 from prorl_bench.lora import matmul_params
 from prorl_bench.model import positions
@@ -211,23 +212,6 @@ def load_tokenizer(path: str | Path, chat: bool = False, **kwargs: Any) -> HFTok
     from transformers import AutoTokenizer
 
     return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True), chat=chat, **kwargs)
-
-
-def resolve_chat_template(value: str) -> str:
-    """``task.chat_template``: template text (it contains ``{{`` or ``{%``), or the path of a file
-    holding one (read as UTF-8). Anything else is a ConfigError naming the key."""
-    if "{{" in value or "{%" in value:
-        return value
-    p = Path(value).expanduser()
-    if not p.is_file():
-        raise ConfigError(
-            f"invalid config value task.chat_template={value!r}: allowed a Jinja chat template (text with "
-            "{{ or {%) or an existing file holding one"
-        )
-    text = p.read_text(encoding="utf-8")
-    if "{{" not in text and "{%" not in text:
-        raise ConfigError(f"invalid config value task.chat_template={value!r}: {p} holds no Jinja template")
-    return text
 
 
 def _is_llama_family(model: nn.Module) -> bool:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from prorl_bench.answers import CHAT_INSTRUCTION, CHAT_TEMPLATE_ALLOWANCE, is_numeric, numbers_equal, strict_answer
 from prorl_bench.config import RewardKind, TaskConfig
-from prorl_bench.registry import ConfigError
+from prorl_bench.registry import TASKS, ConfigError
 from prorl_bench.tasks import Problem
 
 MAX_COMPLETION_TOKENS = 256  # as task=gsm: room to reason before the tagged answer
@@ -212,3 +212,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# your own problems: owns task.path / task.val_path, chat prompts only (an HF model's tokenizer)
+@TASKS.register("math_jsonl", check_config=check_config, reads_path=True, needs_hf=True)
+def _math_jsonl(cfg: TaskConfig) -> MathJsonlTask:
+    return MathJsonlTask(cfg)

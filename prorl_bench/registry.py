@@ -180,6 +180,7 @@ BUILTIN_MODULES = (
     "prorl_bench.kl",
     "prorl_bench.tasks",
     "prorl_bench.reasoning_gym_task",
+    "prorl_bench.math_jsonl_task",
     "prorl_bench.code_task",
     "prorl_bench.resets",
     "prorl_bench.opt_state",
@@ -187,6 +188,21 @@ BUILTIN_MODULES = (
     "prorl_bench.detectors",
     "prorl_bench.hack_task",
 )
+_SCHEMA: list[type] = []  # the config schema (config.Config), set by config.py: read without importing it
+
+
+def set_schema(cls: type) -> None:
+    """Called once by config.py: modules below config (aliases) read the schema's defaults through here."""
+    _SCHEMA[:] = [cls]
+
+
+def schema() -> type:
+    """The config schema class (``config.Config``); config.py must have been imported."""
+    if not _SCHEMA:
+        raise RuntimeError("the config schema is not registered yet: import prorl_bench.config first")
+    return _SCHEMA[0]
+
+
 PLUGIN_GROUP = "prorl_bench.plugins"  # entry-point group of installed packages that register options
 _loaded = False
 

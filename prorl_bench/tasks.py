@@ -179,20 +179,6 @@ def _add(rng: random.Random, n: int) -> tuple[str, str]:
     return f"{a}+{b}", str(a + b)
 
 
-def _check_math_jsonl(cfg: TaskConfig) -> None:
-    from prorl_bench.math_jsonl_task import check_config
-
-    check_config(cfg)
-
-
-# your own problems (prorl_bench/math_jsonl_task.py): owns task.path / task.val_path, chat prompts only
-@TASKS.register("math_jsonl", check_config=_check_math_jsonl, reads_path=True, needs_hf=True)
-def _math_jsonl(cfg: TaskConfig) -> Task:
-    from prorl_bench.math_jsonl_task import MathJsonlTask
-
-    return MathJsonlTask(cfg)  # type: ignore[return-value]
-
-
 def make_task(cfg: TaskConfig) -> Task:
     """Build the task named by ``cfg.name`` (a registered task; ConfigError lists the allowed names),
     with its ``task.params`` when it declares them. Lengths: symbols in the input (per operand for add)."""
