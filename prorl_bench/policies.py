@@ -41,10 +41,11 @@ def warmup_enabled(cfg: Config) -> bool:
 
 
 def load_base_policy(
-    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None
+    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None, progress: bool = False
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The policy RL starts from, on ``device``, and a description of where it came from.
-    ``stop``: see ``base.train_base`` (a warm-up stops early when the run is told to stop)."""
+    ``stop``, ``progress``: see ``base.train_base`` (a warm-up stops early when the run is told to
+    stop; it reports its progress)."""
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import fingerprint, load_policy
 
@@ -61,9 +62,11 @@ def load_base_policy(
                 f"({probe.max_positions}) < {need} tokens needed by task {task.name}"
             )
         if warmup_enabled(cfg):
-            return load_or_train_base(cfg, task, tok, device, cache_root, make, fingerprint(cfg.model.path), stop)
+            return load_or_train_base(
+                cfg, task, tok, device, cache_root, make, fingerprint(cfg.model.path), stop, progress
+            )
         return probe.to(device), {"warmup": False, "path": str(cfg.model.path), "impl": type(probe).__name__}
     if warmup_enabled(cfg):
-        return load_or_train_base(cfg, task, tok, device, cache_root, stop=stop)
+        return load_or_train_base(cfg, task, tok, device, cache_root, stop=stop, progress=progress)
     torch.manual_seed(cfg.warmup.seed)
     return TransformerPolicy(cfg.model, tok.vocab_size).to(device), {"warmup": False}

@@ -133,7 +133,7 @@ def _train(
     detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
 
     # -- the base policy (cached warm-up; an HF model as loaded), its reference and everything resumable
-    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, preempt.stop_signal, progress)
     s = _initial_state(cfg, policy, task, banned, device, mb_size)
     ref = s.ref
     base_model = None  # C: a frozen snapshot of the base, for kl/base once the reference has moved
@@ -156,7 +156,8 @@ def _train(
         run.begin(ckpt, objective=ref.objective, base=base_info)
 
         def run_validation(step: int) -> dict[str, Any]:
-            return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows, detector)
+            return _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, s.val_rows, detector,
+                             run.eval_progress(step))  # fmt: skip
 
         if ckpt is None and cfg.eval.at_start:
             run_validation(0)  # the base policy: every run carries its own "before" (not a trigger signal)
@@ -348,7 +349,9 @@ def _train(
     return summary
 
 
-def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, val_rows, detector) -> dict[str, Any]:
+def _validate(
+    cfg, step, policy, task, tok, val_problems, banned, device, out, val_rows, detector, on_progress=None
+) -> dict[str, Any]:
     """Validate on the held-out set with a generator of its own (training RNG untouched); log the row
     and the samples. Gradient-routing runs (and hack tasks) add ``route/<mode>/...`` (routing.py)."""
     vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
@@ -356,6 +359,7 @@ def _validate(cfg, step, policy, task, tok, val_problems, banned, device, out, v
     v, samples = validate(
         policy, task, tok, val_problems, temperature=cfg.algo.temperature, banned=banned, generator=vgen,
         device=device, n_samples=e.n_samples, ks=e.ks, n_sample_prompts=e.n_sample_prompts, chunk=e.batch,
+        on_progress=on_progress,
     )  # fmt: skip
     if wants_route_eval(task, cfg.adapter.kind.value):
         rgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step + 500_000)

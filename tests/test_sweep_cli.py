@@ -164,3 +164,81 @@ def test_sigterm_to_one_worker_preempts_its_job_only(tmp_path, sweep_args):
     assert not _group_alive(proc.pid)
     again = _run(sweep_args(sweep_dir), tmp_path, timeout=300)
     assert again.returncode == 0 and all(s["status"] == "completed" for s in _summaries(sweep_dir).values())
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a job directory but Hydra's own .hydra/ (rewritten by Hydra at each launch)."""
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and ".hydra" not in p.relative_to(run_dir).parts
+    }
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
+    """A real 4-job sweep in its default timestamped directory, jobs run one at a time in the multirun's
+    own process (joblib n_jobs=1): Ctrl-C (SIGINT to the process group) once job 1 has completed and
+    job 2 logged 2 steps. Then `--resume DIR` from another directory: job 1 is skipped with its files
+    byte-identical, job 2 resumes from its checkpoint, jobs 3-4 (never started) run, the table covers
+    all four, and no second sweep directory appears."""
+    steps = 24
+    args = [
+        "+sweep=ablation", "+arm=A1,B", "seed=0,1", "hydra.launcher.n_jobs=1", f"warmup.cache_dir={base_cache}",
+        *FAST, f"steps={steps}", "eval_every=12", "checkpoint.every=2",
+    ]  # fmt: skip
+    proc = _start(args, tmp_path)
+    root = tmp_path / "outputs" / "sweeps" / "ablation"
+
+    def ready() -> bool:  # readiness markers: job 1's summary, and job 2's second metrics row
+        jobs = sorted(root.glob("*/+arm=A1,*"), key=lambda d: "seed=1" in d.name)
+        return len(jobs) == 2 and (jobs[0] / "summary.json").is_file() and _rows(jobs[1]) >= 2
+
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
+    out, err = proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    (sweep_dir,) = root.iterdir()
+    assert f"\n    prorl-bench-sweep --resume {sweep_dir}\n" in err  # the exact command, on a line of its own
+    assert "[prorl-bench-sweep] 1/4 done, 1 running, 2 waiting" in err  # progress as jobs start and end
+    before = {d.name: (json.loads((d / "summary.json").read_text()), _files(d)) for d in sweep_dir.glob("+arm=*")}
+    status = sorted((s["status"], s["steps_completed"]) for s, _ in before.values())
+    assert status[-1] == ("preempted", status[-1][1]) and 2 <= status[-1][1] < steps
+    assert status[:3] == [("completed", steps), ("preempted", 0), ("preempted", 0)], status
+    (done,) = [n for n, (s, _) in before.items() if s["status"] == "completed"]
+    (cut,) = [n for n, (s, _) in before.items() if s["status"] == "preempted" and s["steps_completed"]]
+    k = before[cut][0]["steps_completed"]
+    assert (sweep_dir / cut / "checkpoints" / f"step_{k:08d}.pt").is_file()
+
+    elsewhere = tmp_path / "elsewhere"  # relative paths resolve against the sweep's launch directory
+    elsewhere.mkdir()
+    again = _run(["--resume", str(sweep_dir)], elsewhere, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [p.name for p in root.iterdir()] == [sweep_dir.name]  # in place: no new sweep directory
+    assert _files(sweep_dir / done) == before[done][1]  # skipped: not one byte changed
+    assert "already completed, skipped" in again.stdout
+    after = {d.name: json.loads((d / "summary.json").read_text()) for d in sweep_dir.glob("+arm=*")}
+    assert all(s["status"] == "completed" and s["steps_completed"] == steps for s in after.values()), after
+    resumed = [e for e in _events(sweep_dir / cut) if e["event"] == "resume"]
+    assert [e["reason"] for e in resumed] == [f"from checkpoint at step {k}"]  # resumed, not restarted
+    assert "### Runs (4 total, 0 not completed)" in again.stdout
+    assert "[prorl-bench-sweep] 4/4 done" in again.stderr
+
+
+def test_resume_refuses_what_it_cannot_do(tmp_path):
+    """--resume needs a multirun directory, and adds only launcher settings to the recorded jobs."""
+    empty = _run(["--resume", str(tmp_path)], tmp_path)
+    assert empty.returncode == 2 and "multirun.yaml not found" in empty.stderr
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  runtime: {cwd: /nonexistent}\n  overrides:\n    hydra: [hydra.mode=MULTIRUN]\n    task: [seed=0]\n"
+    )
+    changed = _run(["--resume", str(tmp_path), "algo.lr=1e-3"], tmp_path)
+    assert changed.returncode == 2 and "only launcher settings" in changed.stderr and "algo.lr=1e-3" in changed.stderr
+    missing = _run(["--resume"], tmp_path)
+    assert missing.returncode == 2 and "give the sweep directory" in missing.stderr
