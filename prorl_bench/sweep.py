@@ -225,6 +225,8 @@ def resume_args(args: Sequence[str]) -> tuple[list[str], Path | None]:
             "(hydra.launcher.*=..., hydra/launcher=...) may be added"
         )
     recorded, cwd = recorded_command(args[i + 1])
+    replaced = {a.lstrip("+~").split("=")[0] for a in extra}  # a launcher setting given again replaces its record
+    recorded = [a for a in recorded if a.lstrip("+~").split("=")[0] not in replaced]
     if cwd is not None and not cwd.is_dir():
         print(f"prorl-bench-sweep: --resume: the sweep's launch directory {cwd} is gone; relative paths in "
               "its overrides now resolve against the current directory", file=sys.stderr)  # fmt: skip

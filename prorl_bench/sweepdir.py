@@ -4,7 +4,7 @@ A run directory is any folder under the sweep directory holding ``.hydra/overrid
 writes it before the job starts, so it exists for jobs that failed at once). Its status:
 
 * ``completed`` / ``failed`` / ``preempted``: from ``summary.json`` (failed carries the error text;
-  preempted runs stopped on SIGTERM/SIGINT with a checkpoint and resume when re-run),
+  preempted runs stopped on SIGTERM/SIGINT with a checkpoint: ``prorl-bench-sweep --resume`` resumes them),
 * ``incomplete``: no ``summary.json`` — killed, timed out or still running (steps logged so far kept),
 * ``missing``: in the grid recorded in ``multirun.yaml`` but without a directory (never started).
 

@@ -247,3 +247,26 @@ def test_resume_refuses_what_it_cannot_do(tmp_path):
     assert changed.returncode == 2 and "only launcher settings" in changed.stderr and "algo.lr=1e-3" in changed.stderr
     missing = _run(["--resume"], tmp_path)
     assert missing.returncode == 2 and "give the sweep directory" in missing.stderr
+
+
+def test_resume_replays_the_recorded_command(tmp_path):
+    """The recorded task and Hydra overrides come back (not hydra.mode / an old sweep dir), the sweep
+    dir is pinned (quoted for Hydra when the path needs it), and a launcher setting given again
+    replaces its recorded value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from prorl_bench.sweep import resume_args
+
+    sweep_dir = tmp_path / "a dir, with=odd 'chars'"
+    sweep_dir.mkdir()
+    (sweep_dir / "multirun.yaml").write_text(
+        f"hydra:\n  runtime: {{cwd: {tmp_path}}}\n  overrides:\n"
+        "    hydra: [hydra.launcher.n_jobs=1, hydra.mode=MULTIRUN, hydra.sweep.dir=old]\n"
+        "    task: [+sweep=ablation, '+arm=A1,B', seed=0]\n"
+    )
+    args, cwd = resume_args(["--resume", str(sweep_dir), "hydra.launcher.n_jobs=4", "--dry-run"])
+    assert cwd == tmp_path
+    assert args[:3] == ["+sweep=ablation", "+arm=A1,B", "seed=0"]
+    assert args[4:] == ["hydra.launcher.n_jobs=4", "--dry-run"]
+    (pinned,) = OverridesParser.create().parse_overrides([args[3]])
+    assert pinned.key_or_group == "hydra.sweep.dir" and pinned.value() == str(sweep_dir)
