@@ -85,6 +85,7 @@ def _fmt(v):
     return str(v)
 
 
+@pytest.mark.slow  # 40 real configs, most of them trained: ~93 s measured under load
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )

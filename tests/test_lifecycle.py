@@ -115,6 +115,7 @@ main()
 """
 
 
+@pytest.mark.slow  # a real CLI run: ~70 s measured under load
 def test_a_full_disk_is_one_clear_error_and_no_bad_checkpoint(tmp_path, base_cache):
     args = _cli(tmp_path, [f"warmup.cache_dir={base_cache}", "steps=6", "checkpoint.every=2"])[2:]
     proc = subprocess.run(

@@ -38,6 +38,7 @@ def test_an_invalid_job_refuses_the_grid_before_anything_runs(tmp_path):
     assert not sweep_dir.exists()
 
 
+@pytest.mark.slow  # ~87 s measured under load (about 10x a quiet machine): composes 36 jobs in subprocesses
 def test_dry_run_lists_and_validates_every_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = _run(["+sweep=ablation_small", "--dry-run", f"hydra.sweep.dir={sweep_dir}"], tmp_path)
@@ -57,6 +58,7 @@ def test_hydra_informational_flags_pass_through(tmp_path):
     assert info.returncode == 0 and "sweeps" in info.stdout
 
 
+@pytest.mark.slow  # ~61 s measured under load: a real submitit launch attempt
 def test_a_failing_launcher_shows_its_error_not_a_table(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = _run(["+sweep=ablation_small", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={sweep_dir}"], tmp_path)
@@ -236,17 +238,20 @@ def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
     assert "[prorl-bench-sweep] 4/4 done" in again.stderr
 
 
-def test_resume_refuses_what_it_cannot_do(tmp_path):
+def test_resume_refuses_what_it_cannot_do(tmp_path, capsys):
     """--resume needs a multirun directory, and adds only launcher settings to the recorded jobs."""
-    empty = _run(["--resume", str(tmp_path)], tmp_path)
-    assert empty.returncode == 2 and "multirun.yaml not found" in empty.stderr
+    from prorl_bench.sweep import main
+
+    assert main(["--resume", str(tmp_path)]) == 2
+    assert "multirun.yaml not found" in capsys.readouterr().err
     (tmp_path / "multirun.yaml").write_text(
         "hydra:\n  runtime: {cwd: /nonexistent}\n  overrides:\n    hydra: [hydra.mode=MULTIRUN]\n    task: [seed=0]\n"
     )
-    changed = _run(["--resume", str(tmp_path), "algo.lr=1e-3"], tmp_path)
-    assert changed.returncode == 2 and "only launcher settings" in changed.stderr and "algo.lr=1e-3" in changed.stderr
-    missing = _run(["--resume"], tmp_path)
-    assert missing.returncode == 2 and "give the sweep directory" in missing.stderr
+    assert main(["--resume", str(tmp_path), "algo.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "only launcher settings" in err and "algo.lr=1e-3" in err
+    assert main(["--resume"]) == 2
+    assert "give the sweep directory" in capsys.readouterr().err
 
 
 def test_resume_replays_the_recorded_command(tmp_path):
