@@ -79,6 +79,18 @@ def _restore(snapshot: RecordSnapshot) -> None:
           file=sys.stderr)  # fmt: skip
 
 
+def completed_job(run_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
+    """The summary of a job that already completed in ``run_dir`` with exactly this config (its
+    ``config_resolved.yaml`` equals ``cfg`` resolved), else None."""
+    from prorl_bench.checkpoint import finished_summary
+    from prorl_bench.outputs import RESOLVED_CONFIG
+
+    written = run_dir / RESOLVED_CONFIG
+    if not written.is_file() or written.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
+        return None
+    return finished_summary(run_dir, int(cfg.steps))
+
+
 def run(cfg: DictConfig) -> float:
     """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers)."""
     from prorl_bench.trainer import train  # keeps `--help` and config errors fast
@@ -89,10 +101,15 @@ def run(cfg: DictConfig) -> float:
     had_run = has_previous_run(run_dir)  # its record must survive a refused start
     snapshot = RecordSnapshot.take(run_dir) if had_run else None
     stop_file = Path(hc.sweep.dir).resolve() / STOP_FILE if multirun else None
+    if multirun and (done := completed_job(run_dir, cfg)) is not None:
+        # a resumed sweep (prorl-bench-sweep --resume): this job finished before; touch nothing
+        print(f"[prorl-bench] {run_dir}: already completed, skipped (its files are left as they are)")
+        return float(done["success_rate/last10"])
     if stop_file is not None:
         ignore_stop_signals_between_jobs()  # the sweep's STOP file stops this worker's jobs
         if stop_file.exists():
-            why = "not started: the sweep was stopped before this job began; re-run the sweep to run it"
+            resume = f"prorl-bench-sweep --resume {stop_file.parent}"
+            why = f"not started: the sweep was stopped before this job began; `{resume}` runs it"
             if not had_run:  # a directory Hydra has just made for this job: say why it stays empty
                 write_summary(run_dir, {"status": "preempted", "error": why, "steps_completed": 0})
             raise SweepStopped(f"{run_dir}: {why}")
@@ -119,7 +136,8 @@ def run(cfg: DictConfig) -> float:
     except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
         if e.stage is not None and not had_run:  # before training: nothing was written yet, say why
             write_summary(run_dir, {"status": "preempted", "error": str(e), "steps_completed": 0})
-        print(f"prorl-bench: {e}; re-run the same command to resume", file=sys.stderr)
+        again = f"prorl-bench-sweep --resume {stop_file.parent}" if multirun else "re-run the same command"
+        print(f"prorl-bench: {e}; {again} to resume", file=sys.stderr)
         if multirun:
             raise  # a job error, not a process exit: the other jobs of the sweep go on
         raise SystemExit(EXIT_PREEMPTED) from None

@@ -32,6 +32,7 @@ from prorl_bench.config import Config
 from prorl_bench.evaluation import evaluate
 from prorl_bench.guards import Preempted
 from prorl_bench.model import TransformerPolicy
+from prorl_bench.progress import PhaseReport
 from prorl_bench.rollout import Rollout, token_logprobs
 from prorl_bench.tasks import Problem, Task
 from prorl_bench.tokenizers import CharTokenizer
@@ -104,14 +105,37 @@ def train_base(
     device: torch.device,
     make_policy: PolicyFactory | None = None,
     stop: StopCheck | None = None,
+    progress: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Teacher-forced warm-up until sampled success >= target. Raises WarmupFailed otherwise.
 
     ``make_policy`` builds the starting policy (default: a fresh native one; an HF model loads its
     pretrained weights). ``tok`` is any tokenizer with the CharTokenizer interface. ``stop()``
     returns a signal number when the run was told to stop: the warm-up then raises Preempted
-    (nothing is cached; a re-run trains the same base again).
+    (nothing is cached; a re-run trains the same base again). The warm-up says when it starts and
+    how it ended on stderr; ``progress`` adds its steps and the current success against the target
+    (a bar on a terminal, a line every 10 s elsewhere: ``progress.PhaseReport``).
     """
+    w = cfg.warmup
+    report = PhaseReport(
+        "warm-up", w.max_steps, "step", progress,
+        start=f"training the base policy until its sampled success reaches {w.target_success} "
+        f"(checked every {w.check_every} steps, at most {w.max_steps}); it is cached for later runs",
+    )  # fmt: skip
+    try:
+        state, info = _warm_up(cfg, task, tok, device, make_policy, stop, report)
+    except Preempted:
+        report.close("stopped by a signal; nothing cached")
+        raise
+    except BaseException:
+        report.close("failed")
+        raise
+    report.close(f"done after {info['warmup_steps']} steps, sampled success {info['sampled_success']:.3f}")
+    return state, info
+
+
+def _warm_up(cfg, task, tok, device, make_policy, stop, report: PhaseReport):
+    """The warm-up loop of ``train_base``; ``report`` gets every step and each check's success."""
     w = cfg.warmup
     torch.manual_seed(w.seed)
     rng = random.Random(w.seed)
@@ -120,7 +144,7 @@ def train_base(
     check = task.sample_train(random.Random(w.seed + 1), w.check_size)
     gen = torch.Generator(device=device).manual_seed(w.seed)
     banned = tuple(tok.banned_ids)
-    success = 0.0
+    success, status = 0.0, f"success -/{w.target_success} (first check at step {w.check_every})"
     for step in range(1, w.max_steps + 1):
         if stop is not None and (signum := stop()) is not None:
             raise Preempted(0, signum, stage="warm-up")
@@ -133,9 +157,11 @@ def train_base(
         if step % w.check_every == 0:
             stats = evaluate(policy, task, tok, check, cfg.algo.temperature, gen, device, greedy_too=False)
             success = stats["val/success_sampled"]
+            status = f"success {success:.3f}/{w.target_success}"
             if success >= w.target_success:
                 info = {"warmup_steps": step, "sampled_success": success, "loss": float(loss.detach())}
                 return {k: v.detach().cpu() for k, v in policy.state_dict().items()}, info
+        report.update(step, status)
     raise WarmupFailed(
         f"warm-up did not reach warmup.target_success={w.target_success} within "
         f"warmup.max_steps={w.max_steps} (last sampled success {success:.3f}); raise "
@@ -178,8 +204,10 @@ def load_or_train_base(
     make_policy: PolicyFactory | None = None,
     extra_key: dict[str, Any] | None = None,
     stop: StopCheck | None = None,
+    progress: bool = False,
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Return the base policy (trained once per key, then loaded) and its warm-up info."""
+    """Return the base policy (trained once per key, then loaded) and its warm-up info.
+    ``progress``: see ``train_base``."""
     make_policy = make_policy or native_factory(cfg, tok)
     if getattr(task, "base_fingerprint", None):  # what else shapes the warm-up data (hack_task's demos)
         extra_key = {**(extra_key or {}), "task_data": task.base_fingerprint}
@@ -203,7 +231,7 @@ def load_or_train_base(
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                state, info = train_base(cfg, task, tok, device, make_policy, stop)
+                state, info = train_base(cfg, task, tok, device, make_policy, stop, progress)
             finally:
                 torch.set_num_threads(threads)
             blob = {"state_dict": state, "info": info, "key": json.dumps(base_key(cfg, extra_key))}

@@ -30,7 +30,7 @@ is seeded by ``warmup.seed``), but its samples are drawn with the run's own gene
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -116,8 +116,11 @@ def validate(
     ks: Sequence[int],
     n_sample_prompts: int,
     chunk: int,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Validation row (keys above) and the readable sample rows. ``chunk``: sequences per generate call."""
+    """Validation row (keys above) and the readable sample rows. ``chunk``: sequences per generate call.
+    ``on_progress(done, total)``: called after each generate call, in sequences generated (the
+    samples, then one greedy sequence per prompt)."""
     was_training = policy.training
     policy.eval()
     n = n_samples
@@ -134,6 +137,8 @@ def validate(
         _, ent = token_logprobs(policy, batch, temperature, banned, with_entropy=True)
         ent_sum += float((ent * batch.completion_mask).sum())
         ent_tokens += float(batch.completion_mask.sum())
+        if on_progress is not None:
+            on_progress(s + len(part), len(flat) + len(problems))
     rewards, success, details = score_details(task, texts, flat)
     by_prompt = [success[i * n : (i + 1) * n] for i in range(len(problems))]
     texts_by_prompt = [texts[i * n : (i + 1) * n] for i in range(len(problems))]
@@ -144,6 +149,8 @@ def validate(
     )
     greedy_success = score(task, greedy, problems)[1]
     policy.train(was_training)
+    if on_progress is not None:
+        on_progress(len(flat) + len(problems), len(flat) + len(problems))
 
     row: dict[str, float] = {
         "val/success_sampled": sum(success) / len(success),

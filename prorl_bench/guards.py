@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -92,6 +93,26 @@ class NonFiniteGuard:
 
 
 STOP_FILE = "STOP"  # in a sweep directory: the sweep was told to stop (see stop_sweep_on_signals)
+# (pid, STOP path) of the process that runs the multirun: a launcher that runs jobs in that process
+# (Hydra's basic launcher, joblib with n_jobs=1) must still let a signal stop the whole sweep
+_SWEEP_MAIN: tuple[int, Path] | None = None
+
+
+def _stop_sweep(signum: int) -> bool:
+    """In the multirun's own process: write the STOP file (the sweep ends); False elsewhere."""
+    if _SWEEP_MAIN is None or _SWEEP_MAIN[0] != os.getpid():
+        return False
+    stop = _SWEEP_MAIN[1]
+    if not stop.exists():
+        stop.parent.mkdir(parents=True, exist_ok=True)
+        stop.write_text(f"{signal.Signals(signum).name}\n")
+        print(
+            f"prorl-bench: {signal.Signals(signum).name} received: stopping the sweep (running jobs "
+            "checkpoint at their next step end; no new job starts)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return True
 
 
 class SweepStopped(RuntimeError):
@@ -124,6 +145,7 @@ class PreemptionFlag:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
             raise KeyboardInterrupt
+        _stop_sweep(signum)  # a job in the sweep's own process: the signal stops the sweep too
         if self.signum is None:
             self.signum = signum
             print(
@@ -158,19 +180,13 @@ def stop_sweep_on_signals(sweep_dir: Path) -> None:
     launcher shuts its worker processes down (nothing is orphaned) and the table is still written.
     A STOP file from an earlier, stopped attempt is removed: re-running resumes.
     """
+    global _SWEEP_MAIN
     stop = Path(sweep_dir) / STOP_FILE
     stop.unlink(missing_ok=True)
+    _SWEEP_MAIN = (os.getpid(), stop)
 
     def handle(signum: int, frame: FrameType | None) -> None:
-        if not stop.exists():
-            stop.parent.mkdir(parents=True, exist_ok=True)
-            stop.write_text(f"{signal.Signals(signum).name}\n")
-            print(
-                f"prorl-bench: {signal.Signals(signum).name} received: stopping the sweep (running jobs "
-                "checkpoint at their next step end; no new job starts)",
-                file=sys.stderr,
-                flush=True,
-            )
+        _stop_sweep(signum)
 
     for s in (signal.SIGTERM, signal.SIGINT):
         try:
@@ -183,8 +199,11 @@ def ignore_stop_signals_between_jobs() -> None:
     """In a sweep worker: SIGTERM / SIGINT outside a job are left to the sweep's STOP file.
 
     A signal to the whole process group reaches the workers too; an idle worker that died of it
-    would break the process pool (and with it the checkpoints of the jobs still running)."""
+    would break the process pool (and with it the checkpoints of the jobs still running). In the
+    multirun's own process (jobs run in-process) the sweep's handler stays: a signal stops the sweep."""
     if threading.current_thread() is not threading.main_thread():
+        return
+    if _SWEEP_MAIN is not None and _SWEEP_MAIN[0] == os.getpid():
         return
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, signal.SIG_IGN)

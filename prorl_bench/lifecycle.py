@@ -160,6 +160,19 @@ class RunSession:
                 refresh=False,
             )
 
+    def eval_progress(self, step: int) -> Callable[[int, int], None] | None:
+        """A callback for ``evaluation.validate`` that shows the evaluation of ``step`` in the bar's
+        postfix (at step 0 the bar would otherwise sit at 0/N for the whole base evaluation); None
+        without a bar."""
+        if self.bar is None:
+            return None
+        bar = self.bar
+
+        def show(done: int, total: int) -> None:
+            bar.set_postfix_str(f"evaluating step {step}: {done}/{total} sequences", refresh=True)
+
+        return show
+
     def stop_if_preempted(self, step: int, summarize: Callable[[], dict[str, Any]]) -> None:
         """After the checkpoint of ``step``: on a preemption signal, record it and raise Preempted."""
         if not self.preempt.requested or step >= self.cfg.steps:

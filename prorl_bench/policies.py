@@ -68,21 +68,22 @@ def decode_impl(cfg: Config, policy: torch.nn.Module, device: torch.device) -> s
 
 
 def load_base_policy(
-    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None
+    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None, progress: bool = False
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The policy RL starts from, on ``device``, and a description of where it came from.
-    ``stop``: see ``base.train_base`` (a warm-up stops early when the run is told to stop).
+    ``stop``, ``progress``: see ``base.train_base`` (a warm-up stops early when the run is told to
+    stop; it reports its progress).
 
     The policy carries the run's performance settings as attributes that ``rollout`` reads:
     ``decode_impl`` (``hardware.decode`` resolved) and ``logits_mb`` (``hardware.logits_mb``)."""
-    policy, info = _load_base_policy(cfg, task, tok, device, cache_root, stop)
+    policy, info = _load_base_policy(cfg, task, tok, device, cache_root, stop, progress)
     policy.decode_impl = decode_impl(cfg, policy, device)
     policy.logits_mb = cfg.hardware.logits_mb
     return policy, info
 
 
 def _load_base_policy(
-    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None
+    cfg: Config, task: Task, tok, device: torch.device, cache_root: Path, stop=None, progress: bool = False
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import fingerprint, load_policy
@@ -100,9 +101,11 @@ def _load_base_policy(
                 f"({probe.max_positions}) < {need} tokens needed by task {task.name}"
             )
         if warmup_enabled(cfg):
-            return load_or_train_base(cfg, task, tok, device, cache_root, make, fingerprint(cfg.model.path), stop)
+            return load_or_train_base(
+                cfg, task, tok, device, cache_root, make, fingerprint(cfg.model.path), stop, progress
+            )
         return probe.to(device), {"warmup": False, "path": str(cfg.model.path), "impl": type(probe).__name__}
     if warmup_enabled(cfg):
-        return load_or_train_base(cfg, task, tok, device, cache_root, stop=stop)
+        return load_or_train_base(cfg, task, tok, device, cache_root, stop=stop, progress=progress)
     torch.manual_seed(cfg.warmup.seed)
     return TransformerPolicy(cfg.model, tok.vocab_size).to(device), {"warmup": False}

@@ -13,7 +13,11 @@ leaves open:
   "missing" rows;
 * SIGTERM / SIGINT (to this process or its whole process group): the sweep stops — running jobs
   checkpoint and end ``preempted``, unstarted jobs do not start — the table is printed, and the
-  exit status is 128 + the signal number; re-running the same command resumes.
+  exit status is 128 + the signal number; the last line is the command that finishes it:
+  ``prorl-bench-sweep --resume SWEEP_DIR`` (completed jobs are skipped and left untouched,
+  preempted ones resume from their checkpoints, the others run; then the table covers all);
+* progress: a line whenever a job starts or ends and every minute while jobs run (jobs done /
+  running / failed / waiting, RL steps, ETA: ``sweepwatch.py``); ``progress=false`` turns it off.
 
 Hydra's own informational flags (``--cfg``, ``--info``, ``-sc``/``--shell-completion``,
 ``--hydra-help``, ``--resolve``, ``--package``) are passed to ``prorl-bench`` as they are.
@@ -23,12 +27,15 @@ The exit status is the multirun's, so scripts still see failures.
     prorl-bench-sweep +sweep=ablation seed=0,1 steps=50 # any knob overridden on the same line
     prorl-bench-sweep +sweep=ablation --dry-run         # the jobs, validated, nothing run
     prorl-bench-sweep ... --no-validate                 # skip the up-front check (bad jobs fail when run)
+    prorl-bench-sweep --resume outputs/sweeps/ablation/2026-01-01_12-00-00   # finish a stopped sweep in place
+    prorl-bench-sweep --resume DIR hydra.launcher.n_jobs=4                    # ... with other launcher settings
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -38,7 +45,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prorl_bench.aggregate import SWEEP_DIR_FILE_ENV, aggregate, print_result
-from prorl_bench.sweepdir import SweepDirError
+from prorl_bench.sweepdir import SweepDirError, recorded_command
+from prorl_bench.sweepwatch import SweepWatch, scan
 
 # Hydra flags that print something instead of running (one of them makes a multirun meaningless)
 INFO_FLAGS = {
@@ -94,8 +102,8 @@ def validate_jobs(jobs: Sequence[Sequence[str]]) -> list[tuple[list[str], str]]:
 class _Child:
     """The multirun child; its stderr is passed through and its last lines kept (launcher errors)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stderr=subprocess.PIPE, text=True, errors="replace")
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self._pump = threading.Thread(target=self._forward, daemon=True)
         self._pump.start()
@@ -116,14 +124,18 @@ class _Child:
         return rc
 
 
-def run_sweep(args: Sequence[str]) -> tuple[int, Path | None, list[str], int | None]:
-    """Run ``prorl-bench -m ARGS`` in a child process. Returns (exit status, sweep dir or None, the
-    last lines of its stderr, the stop signal received or None)."""
+def run_sweep(
+    args: Sequence[str], cwd: Path | None = None, n_jobs: int | None = None
+) -> tuple[int, Path | None, list[str], int | None]:
+    """Run ``prorl-bench -m ARGS`` in a child process (in ``cwd``). Returns (exit status, sweep dir or
+    None, the last lines of its stderr, the stop signal received or None). Unless ``progress=false``
+    is among ARGS, a ``SweepWatch`` reports the jobs (``n_jobs``: the grid's size, when known)."""
     received: list[int] = []
     with tempfile.TemporaryDirectory(prefix="prorl-sweep-") as tmp:
         marker = Path(tmp) / "sweep_dir"
         env = {**os.environ, SWEEP_DIR_FILE_ENV: str(marker)}
-        child = _Child([sys.executable, "-m", "prorl_bench.app", "-m", *args], env)
+        child = _Child([sys.executable, "-m", "prorl_bench.app", "-m", *args], env, cwd)
+        watch = None if _progress_off(args) else SweepWatch(lambda: _read_marker(marker), n_jobs).start()
 
         def forward(signum: int, frame: object) -> None:
             # the child stops its sweep (see aggregate.AggregateCallback); we wait for it and report
@@ -137,8 +149,20 @@ def run_sweep(args: Sequence[str]) -> tuple[int, Path | None, list[str], int | N
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-        sweep_dir = Path(marker.read_text().strip()) if marker.is_file() else None
+            if watch is not None:
+                watch.stop()
+        sweep_dir = _read_marker(marker)
     return rc, sweep_dir, list(child.tail), (received[0] if received else None)
+
+
+def _read_marker(marker: Path) -> Path | None:
+    """The sweep directory the multirun reported (``AggregateCallback.on_multirun_start``), or None."""
+    text = marker.read_text().strip() if marker.is_file() else ""
+    return Path(text) if text else None
+
+
+def _progress_off(args: Sequence[str]) -> bool:
+    return any(a.lstrip("+").lower() in ("progress=false", "progress=0", "progress=no") for a in args)
 
 
 def _jobs_started(sweep_dir: Path) -> bool:
@@ -159,10 +183,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    cwd = None
+    if "--resume" in args:
+        try:
+            args, cwd = resume_args(args)
+        except (SweepDirError, ValueError) as e:
+            print(f"prorl-bench-sweep: --resume: {e}", file=sys.stderr)
+            return 2
     dry_run, check = "--dry-run" in args, "--no-validate" not in args
     args = [a for a in args if a not in ("--dry-run", "--no-validate")]
     if not check:
-        return _launch(args)
+        return _launch(args, cwd)
     try:
         jobs = plan_jobs(args)
     except Exception as e:
@@ -179,11 +210,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"#{i} {' '.join(job)}")
         print(f"prorl-bench-sweep: {len(jobs)} jobs, all valid (dry run: nothing was run)")
         return 0
-    return _launch(args)
+    return _launch(args, cwd, len(jobs))
 
 
-def _launch(args: list[str]) -> int:
-    rc, sweep_dir, tail, stopped = run_sweep(args)
+def resume_args(args: Sequence[str]) -> tuple[list[str], Path | None]:
+    """``--resume DIR [hydra.*=...] [--dry-run|--no-validate]`` -> the recorded overrides of the
+    sweep in DIR (``sweepdir.recorded_command``) plus the extra launcher settings and flags, and the
+    directory the sweep was launched from. Anything else is refused: the jobs' configs must not
+    change, or their checkpoints would not resume."""
+    i = list(args).index("--resume")
+    if i + 1 >= len(args) or args[i + 1].startswith("-"):
+        raise ValueError("give the sweep directory: prorl-bench-sweep --resume outputs/sweeps/<name>/<date>")
+    rest = [*args[:i], *args[i + 2 :]]
+    flags = [a for a in rest if a in ("--dry-run", "--no-validate")]
+    extra = [a for a in rest if a not in flags]
+    bad = [a for a in extra if not a.lstrip("+~").startswith(("hydra.launcher.", "hydra/launcher="))]
+    if bad:
+        raise ValueError(
+            f"{' '.join(bad)}: a resumed sweep runs its recorded jobs unchanged; only launcher settings "
+            "(hydra.launcher.*=..., hydra/launcher=...) may be added"
+        )
+    recorded, cwd = recorded_command(args[i + 1])
+    replaced = {a.lstrip("+~").split("=")[0] for a in extra}  # a launcher setting given again replaces its record
+    recorded = [a for a in recorded if a.lstrip("+~").split("=")[0] not in replaced]
+    if cwd is not None and not cwd.is_dir():
+        print(f"prorl-bench-sweep: --resume: the sweep's launch directory {cwd} is gone; relative paths in "
+              "its overrides now resolve against the current directory", file=sys.stderr)  # fmt: skip
+        cwd = None
+    return [*recorded, *extra, *flags], cwd
+
+
+def resume_command(sweep_dir: Path) -> str:
+    """The shell command that finishes ``sweep_dir`` in place."""
+    return f"prorl-bench-sweep --resume {shlex.quote(str(sweep_dir))}"
+
+
+def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None) -> int:
+    rc, sweep_dir, tail, stopped = run_sweep(args, cwd, n_jobs)
     if stopped is not None:
         rc = 128 + stopped
     if rc == 0:
@@ -199,6 +262,12 @@ def _launch(args: list[str]) -> int:
         print_result(aggregate(sweep_dir))
     except SweepDirError as e:
         print(f"prorl-bench-sweep: {e}", file=sys.stderr)
+    left = scan(sweep_dir, n_jobs)
+    if stopped is not None or left.preempted or left.running or left.waiting:
+        unfinished = left.total - left.done - left.failed
+        print(f"prorl-bench-sweep: {unfinished} of {left.total} jobs unfinished; to finish them in place "
+              f"(completed jobs are skipped, preempted ones resume from their checkpoints):\n"
+              f"    {resume_command(sweep_dir)}", file=sys.stderr)  # fmt: skip
     return rc
 
 

@@ -4,7 +4,7 @@ A run directory is any folder under the sweep directory holding ``.hydra/overrid
 writes it before the job starts, so it exists for jobs that failed at once). Its status:
 
 * ``completed`` / ``failed`` / ``preempted``: from ``summary.json`` (failed carries the error text;
-  preempted runs stopped on SIGTERM/SIGINT with a checkpoint and resume when re-run),
+  preempted runs stopped on SIGTERM/SIGINT with a checkpoint: ``prorl-bench-sweep --resume`` resumes them),
 * ``incomplete``: no ``summary.json`` — killed, timed out or still running (steps logged so far kept),
 * ``missing``: in the grid recorded in ``multirun.yaml`` but without a directory (never started).
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,41 @@ def expected_jobs(sweep_dir: Path) -> list[dict[str, str]] | None:
     except Exception:  # a grid syntax this reader does not know: skip the missing-job check
         return None
     return [dict(parse_override(x) for x in job) for job in jobs]
+
+
+# Hydra overrides a resumed sweep must not replay: it pins the directory itself; -m sets the mode
+NOT_REPLAYED = ("hydra.sweep.dir=", "hydra.mode=")
+
+
+def recorded_command(sweep_dir: str | Path) -> tuple[list[str], Path | None]:
+    """The overrides that launched the multirun in ``sweep_dir`` (from its ``multirun.yaml``: the
+    command line's task and Hydra overrides) with ``hydra.sweep.dir`` pinned to ``sweep_dir``, and
+    the directory it was launched from (relative paths in the overrides are relative to it; None
+    when not recorded). Re-launching these runs the same jobs in the same run directories."""
+    sweep_dir = Path(sweep_dir).resolve()
+    path = sweep_dir / MULTIRUN
+    if not path.is_file():
+        raise SweepDirError(f"{path} not found: {sweep_dir} is not a Hydra multirun directory (or it never started)")
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SweepDirError(f"{path}: not valid YAML ({e})") from e
+    hydra_cfg = cfg.get("hydra") or {}
+    overrides = hydra_cfg.get("overrides") or {}
+    task, hydra_ovr = list(overrides.get("task") or []), list(overrides.get("hydra") or [])
+    if not all(isinstance(x, str) for x in task + hydra_ovr):
+        raise SweepDirError(f"{path}: hydra.overrides.task / .hydra must be lists of 'key=value' strings")
+    kept = [o for o in hydra_ovr if not o.startswith(NOT_REPLAYED)]
+    cwd = (hydra_cfg.get("runtime") or {}).get("cwd")
+    return [*task, *kept, f"hydra.sweep.dir={_quoted(str(sweep_dir))}"], Path(cwd) if cwd else None
+
+
+def _quoted(value: str) -> str:
+    """A value for Hydra's override grammar: plain when it is a plain path, else single-quoted
+    (a ',' would make it a sweep, '=' or a space a syntax error)."""
+    if re.fullmatch(r"[\w./-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _group_keys(runs: list[RunRecord]) -> tuple[list[str], dict[str, str]]:

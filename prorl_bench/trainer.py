@@ -195,7 +195,7 @@ def _train(
     preempt: PreemptionFlag,
 ) -> dict[str, Any]:
     """The RL loop: setup and resume, then one iteration per RL step over the named phases."""
-    ctx, s = _setup(cfg, run_dir, cache_root, threads, preempt)
+    ctx, s = _setup(cfg, run_dir, cache_root, threads, preempt, progress)
     if (signum := preempt.stop_signal()) is not None:
         raise Preempted(0, signum, stage="setup")  # arrived while the model loaded: nothing trained yet
     ckpt = _resume(cfg, run_dir, s, resolved_config)
@@ -205,7 +205,7 @@ def _train(
     with RunSession(cfg, run_dir, s, progress, preempt) as run:
         run.begin(ckpt, objective=s.ref.objective, base=ctx.base_info)
         if ckpt is None and cfg.eval.at_start:
-            _validate(ctx, s, run.out, 0)  # the base policy: every run carries its own "before"
+            _validate(ctx, s, run.out, 0, run.eval_progress(0))  # the base policy: every run carries its own "before"
         for step in range(s.start, cfg.steps + 1):
             acct.reset()
             beta = begin_step(s, step)
@@ -234,7 +234,7 @@ def _train(
 
 
 def _setup(
-    cfg: Config, run_dir: Path, cache_root: Path, threads: int, preempt: PreemptionFlag
+    cfg: Config, run_dir: Path, cache_root: Path, threads: int, preempt: PreemptionFlag, progress: bool = False
 ) -> tuple[RunContext, RunState]:
     """Hardware, tokenizer, task, the base policy (cached warm-up; an HF model as loaded), and the
     fresh run state (policy with adapters, reference, optimizer, schedules, RNGs)."""
@@ -248,7 +248,7 @@ def _setup(
         task.max_completion_len = a.max_new_tokens
     mb_size = a.prompts_per_step * a.group_size // a.minibatches
     detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
-    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
+    policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, preempt.stop_signal, progress)
     s = _initial_state(cfg, policy, task, banned, device, mb_size)
     base_model = None  # kl/base once the reference has left the base (a reset, or a moving reference)
     if cfg.variant.resets or s.ref.moves:
@@ -543,7 +543,7 @@ def _finish(ctx: RunContext, s: RunState, run: RunSession) -> dict[str, Any]:
     return summary
 
 
-def _validate(ctx: RunContext, s: RunState, out: Any, step: int) -> dict[str, Any]:
+def _validate(ctx: RunContext, s: RunState, out: Any, step: int, on_progress=None) -> dict[str, Any]:
     """Validate on the held-out set with a generator of its own (training RNG untouched); log the row
     and the samples. Gradient-routing runs (and hack tasks) add ``route/<mode>/...`` (routing.py)."""
     cfg, e, device = ctx.cfg, ctx.cfg.eval, ctx.device
@@ -561,6 +561,7 @@ def _validate(ctx: RunContext, s: RunState, out: Any, step: int) -> dict[str, An
         ks=e.ks,
         n_sample_prompts=prompts_to_write(step, cfg.steps, len(ctx.val_problems), e.n_sample_prompts),
         chunk=e.batch,
+        on_progress=on_progress,
     )
     if wants_route_eval(ctx.task, cfg.adapter.kind.value):
         rgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step + 500_000)
