@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from prorl_bench.accounting import COUNTERS, STAGES, StepAccounting, measured_matmul_peak
-from prorl_bench.advantages import compute_advantages, informative_groups
+from prorl_bench.advantages import informative_groups
 from prorl_bench.checkpoint import (
     finished_summary,
     load_latest,
@@ -37,8 +37,7 @@ from prorl_bench.config import (
     KLPlacement,
     LossAgg,
 )
-from prorl_bench.detectors import build_detector
-from prorl_bench.dual_lora import attach_dual_lora, route_rows
+from prorl_bench.dual_lora import attach_dual_lora
 from prorl_bench.evaluation import completions, score_details, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
@@ -54,8 +53,7 @@ from prorl_bench.reference import AdapterReference, build_reference, frozen_copy
 from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.resets import ResetSchedule, reset_reference
 from prorl_bench.rollout import chunked_logprobs, generate, token_logprobs
-from prorl_bench.routing import labels as route_labels
-from prorl_bench.routing import route_eval, wants_route_eval
+from prorl_bench.routing import Router, route_backward, route_eval, wants_route_eval
 from prorl_bench.rundir import RunDirLock
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.tasks import make_task
@@ -130,7 +128,8 @@ def _train(
         task.max_completion_len = a.max_new_tokens
     batch_size = a.prompts_per_step * a.group_size
     mb_size = batch_size // a.minibatches
-    detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
+    router = Router(cfg, task)  # a detector's labels and what they do (routing.py); identity without one
+    detector = router.detector
 
     # -- the base policy (cached warm-up; an HF model as loaded), its reference and everything resumable
     policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, stop=preempt.stop_signal)
@@ -184,8 +183,7 @@ def _train(
                 texts = completions(tok, batch)
                 reward_list, success_list, details = score_details(task, texts, problems)
                 rewards = torch.tensor(reward_list, device=device).view(a.prompts_per_step, a.group_size)
-                # gradient routing: labelled samples will train only the forget adapter
-                routed = None if detector is None else torch.tensor(route_labels(detector, problems, texts, details))
+                router.label(step, problems, texts, details)  # gradient routing / its baselines: this step's labels
 
             # 3. behaviour (old-policy) logprobs: a no-grad teacher-forced pass, recomputed every rollout
             with acct.stage("old_logprob"), autocast:
@@ -198,20 +196,20 @@ def _train(
                 ref.prepare(batch, acct)
 
             # 5. advantages, with the KL optionally folded into the reward, and dynamic sampling
-            shaped = rewards
+            shaped = router.shape_rewards(rewards)  # penalize: labelled samples lose route.penalty
             if kl_cfg.placement == KLPlacement.reward and beta > 0:
                 logp_ref_all = ref.logp(torch.arange(len(batch), device=device), batch, acct)
                 if kl_cfg.name == "k2" and kl_cfg.k2_mode == K2Mode.ref_over_old:
                     kl_tok = k2_ref_over_old(logp_ref_all, logp_old)
                 else:
                     kl_tok = kl_per_token(kl_cfg.name, logp_old, logp_ref_all, kl_cfg.log_ratio_clamp, kl_cfg.kl_clamp)
-                shaped = rewards - beta * (kl_tok * mask).sum(-1).view_as(rewards)
-            adv = compute_advantages(a.advantage, shaped, a.adv_eps).flatten()
+                shaped = shaped - beta * (kl_tok * mask).sum(-1).view_as(rewards)
+            adv, adv_retain = router.advantages(a.advantage, shaped, a.adv_eps)  # adv_retain: split routing only
             finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
             everyone = torch.ones_like(rewards[:, 0], dtype=torch.bool)
             keep = informative_groups(rewards) if a.dynamic_sampling else everyone
             keep &= finite  # skip_batch: a non-finite rollout updates nothing
-            rows = keep.repeat_interleave(a.group_size).nonzero().squeeze(-1)
+            rows = router.update_rows(keep.repeat_interleave(a.group_size).nonzero().squeeze(-1))  # filter drops
 
             # 6. update: ppo_epochs x minibatches of clipped surrogate + beta * KL
             sums: dict[str, Any] = dict.fromkeys(UPDATE_KEYS, 0.0)
@@ -223,14 +221,14 @@ def _train(
             with acct.stage("update"):
                 for epoch in range(a.ppo_epochs if len(rows) else 0):
                     perm = rows[torch.randperm(len(rows), generator=s.shuffle_gen).to(device)]
-                    for idx in perm.tensor_split(a.minibatches):
+                    for idx in perm.tensor_split(min(a.minibatches, len(perm))):  # filter may leave few rows
                         # autocast around the forwards and the loss only: its cache of bf16 weight casts lives
                         # until the context exits, so an optimizer step inside it would leave later minibatches
                         # on the weights from before the step (stale casts). Backward runs outside, as torch advises.
                         with autocast:
                             mb = batch.rows(idx)
                             mb_mask = mb.completion_mask
-                            with nullcontext() if routed is None else route_rows(policy, routed[idx.cpu()].to(device)):
+                            with router.forward(policy, idx):
                                 logp, entropy = token_logprobs(policy, mb, a.temperature, banned, with_entropy=True)
                             _count_policy_forward(acct, policy, mb, backward=True)
                             with acct.stage("ref_logprob"):
@@ -242,6 +240,11 @@ def _train(
                                 a.clip_ratio_c,
                             )  # fmt: skip
                             pg = aggregate(pg_tok, mb_mask, a.loss_agg)
+                            if adv_retain is not None:  # split routing: the retain adapter's own advantages
+                                pg_retain = aggregate(clipped_surrogate(
+                                    logp, logp_old[idx], adv_retain[idx], a.eps_low, a.eps_high, kl_cfg.log_ratio_clamp,
+                                    a.clip_ratio_c,
+                                )[0], mb_mask, a.loss_agg)  # fmt: skip
                             kl_loss = torch.zeros((), device=device)
                             if kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
                                 anchor = ref.anchor(logp_ref, logp_old[idx])
@@ -254,7 +257,7 @@ def _train(
                         s.optimizer.zero_grad(set_to_none=True)
                         if not s.guard.ok(loss, step, "update", "loss/total"):
                             continue
-                        loss.backward()
+                        route_backward(policy, loss, None if adv_retain is None else loss - pg + pg_retain)
                         max_norm = a.grad_clip if a.grad_clip > 0 else float("inf")
                         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
                         if not s.guard.ok(grad_norm, step, "update", "grad_norm"):
@@ -287,8 +290,7 @@ def _train(
             }  # fmt: skip
             if hasattr(task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
                 row.update(task.step_metrics(details))
-            if routed is not None:
-                row["route/labelled_frac"] = float(routed.float().mean())
+            row.update(router.metrics())  # route/labelled_frac, route/detector/{recall,precision}
 
             # 7. held-out validation every eval_every steps and at the end. Only the regular evaluations
             # feed the stall trigger (and C's kl/base): the end-of-run one must not, or extending a
