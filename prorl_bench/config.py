@@ -594,6 +594,7 @@ class RouteUse(str, Enum):
     route = "route"  # gradient routing: labelled samples train only the forget adapter (adapter=dual_lora)
     filter = "filter"  # data filtering: labelled samples are dropped from the update
     penalize = "penalize"  # reward shaping: route.penalty is subtracted from labelled samples' rewards
+    observe = "observe"  # labels computed and logged, not used: a plain baseline that sees the same detector
 
 
 class RouteAdvantages(str, Enum):
@@ -605,7 +606,7 @@ class RouteAdvantages(str, Enum):
 class RouteConfig:
     """How a run uses its detector's labels (only with a detector; prorl_bench/routing.py)."""
 
-    use: RouteUse = RouteUse.route  # route | filter | penalize
+    use: RouteUse = RouteUse.route  # route | filter | penalize | observe
     # group | split: split normalises unlabelled rows within the unlabelled subset of their group
     # (route: the retain adapter's advantages; the forget adapter keeps the whole group's)
     advantages: RouteAdvantages = RouteAdvantages.group
@@ -614,10 +615,10 @@ class RouteConfig:
     def __post_init__(self) -> None:
         _require(self.penalty is None or self.penalty >= 0, "route.penalty", self.penalty, "null or >= 0")
         _require(
-            not (self.advantages == RouteAdvantages.split and self.use == RouteUse.penalize),
+            not (self.advantages == RouteAdvantages.split and self.use in (RouteUse.penalize, RouteUse.observe)),
             "route.advantages",
             self.advantages.value,
-            "'group' with route.use=penalize (nothing is routed or dropped, so there is no subset to split)",
+            f"'group' with route.use={self.use.value} (nothing is routed or dropped, so there is no subset to split)",
         )
         _require(
             self.penalty is None or self.use == RouteUse.penalize,
@@ -932,13 +933,13 @@ def _check_routing(cfg: Config) -> None:
         "detector",
         cfg.detector.name,
         "'none' unless adapter=dual_lora (labels route gradients between the retain and forget adapters), "
-        "or route.use=filter|penalize",
+        "or route.use=filter|penalize|observe",
     )
     _require(
         not (dual and use != RouteUse.route),
         "route.use",
         use.value,
-        "'route' with adapter=dual_lora (the filter and penalize baselines train one adapter: adapter=lora)",
+        "'route' with adapter=dual_lora (the filter, penalize and observe baselines train one adapter: adapter=lora)",
     )
     if cfg.route.advantages == RouteAdvantages.split:
         _require(
