@@ -174,10 +174,11 @@ def test_penalize_subtracts_the_penalty_before_advantages(monkeypatch):
     p = _router(monkeypatch, ["adapter=lora", "route.use=penalize"])
     assert p.penalty == BONUS  # null penalty: the task's hack bonus
     shaped = p.shape_rewards(REWARDS)
-    torch.testing.assert_close(shaped, torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]))
+    d = 0.5 - BONUS  # a labelled 0.5 loses the bonus
+    torch.testing.assert_close(shaped, torch.tensor([[1.0, 0.0, d, d], [0.0, 0.0, 1.0, d]]))
     adv, none = p.advantages("grpo", shaped, 1e-6)
     assert none is None
-    torch.testing.assert_close(adv, torch.tensor(_z([1, 0, 0, 0]) + _z([0, 0, 1, 0])))
+    torch.testing.assert_close(adv, torch.tensor(_z([1, 0, d, d]) + _z([0, 0, 1, d])))
     assert p.update_rows(torch.arange(8)).tolist() == list(range(8))  # nothing dropped
     fixed = _router(monkeypatch, ["adapter=lora", "route.use=penalize", "route.penalty=2"])
     torch.testing.assert_close(fixed.shape_rewards(REWARDS), REWARDS - 2.0 * LABELS.view(2, 4).float())
@@ -284,8 +285,8 @@ def test_penalize_needs_a_bonus_or_a_penalty():
 # ---------------------------------------------------------------- every arm sees the same labels
 
 ARMS = {
-    "routed": ["adapter=dual_lora"],
-    "filter": ["adapter=lora", "adapter.rank=8", "route.use=filter"],
+    "routed": ["adapter=dual_lora", "route.advantages=split"],  # the study's arms (sweeps/arm/route_*.yaml)
+    "filter": ["adapter=lora", "adapter.rank=8", "route.use=filter", "route.advantages=split"],
     "penalize": ["adapter=lora", "adapter.rank=8", "route.use=penalize"],
     "plain": ["adapter=lora", "adapter.rank=8", "route.use=observe"],
 }
@@ -297,11 +298,11 @@ def test_every_arm_sees_the_same_labels_at_its_first_step(run_exp):
     """At step 1 every arm samples the same completions (same seed, same base, B = 0); the
     labels, and so their rates against the ground truth, are identical across arms. The plain arm
     (route.use=observe) logs the labels and trains exactly as without a detector."""
-    rows = {}
+    rows, dirs = {}, {}
     for arm, extra in ARMS.items():
-        summary, run_dir = run_exp([*PARTIAL, *extra, "steps=1", "eval.at_start=false"], arm)
+        summary, run_dir = run_exp([*PARTIAL, *extra, "steps=2", "eval_every=2", "eval.at_start=false"], arm)
         assert summary["status"] == "completed"
-        rows[arm] = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+        rows[arm], dirs[arm] = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0]), run_dir
     keys = ["route/labelled_frac", "route/detector/recall", "route/detector/precision", "train/hack_rate"]
     first = {k: rows["routed"].get(k) for k in keys}
     assert first["route/labelled_frac"] > 0
@@ -312,7 +313,10 @@ def test_every_arm_sees_the_same_labels_at_its_first_step(run_exp):
     # filter trains on the unlabelled rows only (dynamic sampling off: every other row is kept)
     assert rows["filter"]["ds/kept_frac"] == 1 - rows["filter"]["route/labelled_frac"]
     assert rows["penalize"]["ds/kept_frac"] == 1.0
-    _, none_dir = run_exp(["task=hack_compete", *ARMS["plain"][:2], "steps=1", "eval.at_start=false"], "none")
-    none = strip_timing([json.loads(x) for x in (none_dir / "metrics.jsonl").read_text().splitlines()])[0]
-    observed = {k: v for k, v in strip_timing([rows["plain"]])[0].items() if not k.startswith("route/")}
-    assert observed == {k: v for k, v in none.items() if not k.startswith("route/")}
+    _, none_dir = run_exp(["task=hack_compete", *ARMS["plain"][:2], "steps=2", "eval_every=2", "eval.at_start=false"],
+                          "none")  # fmt: skip
+    none = strip_timing([json.loads(x) for x in (none_dir / "metrics.jsonl").read_text().splitlines()])
+    observed = strip_timing([json.loads(x) for x in (dirs["plain"] / "metrics.jsonl").read_text().splitlines()])
+    assert [{k: v for k, v in r.items() if not k.startswith("route/")} for r in observed] == [
+        {k: v for k, v in r.items() if not k.startswith("route/")} for r in none
+    ]  # two steps: the plain arm's training is exactly that of detector=none
