@@ -1,10 +1,13 @@
-"""What gradient routing costs: ms per update step with the dual adapters, routed vs not routed.
+"""What gradient routing costs: ms per update step with the dual adapters, routed vs not routed,
+and with split advantages (a second backward pass).
 
-    PYTHONPATH=. python benchmarks/bench_routing.py [--steps 20] [--repeats 3]
+    PYTHONPATH=. python benchmarks/bench_routing.py [--steps 20] [--repeats 3] [--split]
 
-Runs task=hack_reverse with adapter=dual_lora twice per repeat, interleaved: detector=none (the
-same adapters, nothing routed) and detector=reward_field (every labelled row takes the detached
-retain path). Reports the median over repeats of the mean time/update and time/step (ms).
+Runs task=hack_reverse with adapter=dual_lora per repeat, interleaved: detector=none (the same
+adapters, nothing routed), detector=reward_field (every labelled row takes the detached retain
+path) and, with ``--split``, reward_field with route.advantages=split (retain and forget adapters
+from two backward passes over one forward). Reports the median over repeats of the mean
+time/update and time/step (ms).
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from prorl_bench.config import register_configs, to_config
 from prorl_bench.searchpath import CONF_DIR
 from prorl_bench.trainer import train
 
+ARMS = {"none": ["detector=none"], "reward_field": ["detector=reward_field"],
+        "split": ["detector=reward_field", "route.advantages=split"]}  # fmt: skip
 
-def _run(detector: str, steps: int, root: Path, i: int) -> tuple[float, float]:
-    overrides = ["task=hack_reverse", "adapter=dual_lora", f"detector={detector}", f"steps={steps}",
+
+def _run(arm: str, steps: int, root: Path, i: int) -> tuple[float, float]:
+    overrides = ["task=hack_reverse", "adapter=dual_lora", *ARMS[arm], f"steps={steps}",
                  f"eval_every={steps}", "eval.at_start=false", f"warmup.cache_dir={root / 'cache'}"]  # fmt: skip
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=overrides))
-    s = train(cfg, root / f"{detector}-{i}", root / "cache", threads=1)
+    s = train(cfg, root / f"{arm}-{i}", root / "cache", threads=1)
     t = s["totals"]
     return 1e3 * t["time/update"] / steps, 1e3 * t["time/step"] / steps
 
@@ -35,9 +41,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--split", action="store_true", help="also time route.advantages=split")
     args = p.parse_args()
     register_configs()
-    res: dict[str, list[tuple[float, float]]] = {"none": [], "reward_field": []}
+    res: dict[str, list[tuple[float, float]]] = {
+        "none": [],
+        "reward_field": [],
+        **({"split": []} if args.split else {}),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for det in res:
@@ -45,9 +56,11 @@ def main() -> None:
     for det, rows in res.items():
         upd = statistics.median(r[0] for r in rows)
         step = statistics.median(r[1] for r in rows)
-        print(f"detector={det:13s} update {upd:7.1f} ms/step   whole step {step:7.1f} ms/step")
-    ratio = statistics.median(r[0] for r in res["reward_field"]) / statistics.median(r[0] for r in res["none"])
-    print(f"routing / no routing, update time: {ratio:.3f}x")
+        print(f"{det:13s} update {upd:7.1f} ms/step   whole step {step:7.1f} ms/step")
+    none = statistics.median(r[0] for r in res["none"])
+    for arm in [a for a in res if a != "none"]:
+        ratio = statistics.median(r[0] for r in res[arm]) / none
+        print(f"{arm} / no routing, update time: {ratio:.3f}x")
 
 
 if __name__ == "__main__":

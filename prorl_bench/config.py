@@ -603,10 +603,75 @@ class DetectorConfig:
 
     name: str = "none"  # a registered detector (registry.DETECTORS): none | pattern | reward_field
     params: dict[str, Any] = field(default_factory=dict)  # the detector's parameters (checked by it)
+    # Partial oversight (prorl_bench/detectors.py Oversight; docs/routing.md): the labels the run sees
+    recall: float = 1.0  # share of the detector's positives reported (misses: a seeded stream, same in every arm)
+    false_positive_rate: float = 0.0  # share of the detector's negatives reported anyway (same stream)
+    miss_pattern: str | None = None  # a systematic blind spot: completions matching this regex are never reported
 
     def __post_init__(self) -> None:
+        import re
+
         registry.DETECTORS.check(self.name)
         registry.DETECTORS[self.name].validate(self.params)
+        _require(0.0 <= self.recall <= 1.0, "detector.recall", self.recall, "in [0, 1]")
+        _require(
+            0.0 <= self.false_positive_rate <= 1.0,
+            "detector.false_positive_rate",
+            self.false_positive_rate,
+            "in [0, 1]",
+        )
+        if self.miss_pattern is not None:
+            try:
+                re.compile(self.miss_pattern)
+            except re.error as e:
+                raise ConfigError(f"invalid config value detector.miss_pattern={self.miss_pattern!r}: {e}") from None
+        partial = self.recall != 1.0 or self.false_positive_rate != 0.0 or self.miss_pattern is not None
+        _require(
+            not (partial and self.name == "none"),
+            "detector",
+            self.name,
+            "a detector (not 'none') when detector.recall / false_positive_rate / miss_pattern are set",
+        )
+
+
+class RouteUse(str, Enum):
+    """What the detector's labels do (docs/routing.md): the arms of a routing study."""
+
+    route = "route"  # gradient routing: labelled samples train only the forget adapter (adapter=dual_lora)
+    filter = "filter"  # data filtering: labelled samples are dropped from the update
+    penalize = "penalize"  # reward shaping: route.penalty is subtracted from labelled samples' rewards
+    observe = "observe"  # labels computed and logged, not used: a plain baseline that sees the same detector
+
+
+class RouteAdvantages(str, Enum):
+    group = "group"  # advantages over the whole group, then routed / filtered
+    split = "split"  # the retain adapter's (filter: the update's) rows normalised within the unlabelled subset
+
+
+@dataclass
+class RouteConfig:
+    """How a run uses its detector's labels (only with a detector; prorl_bench/routing.py)."""
+
+    use: RouteUse = RouteUse.route  # route | filter | penalize | observe
+    # group | split: split normalises unlabelled rows within the unlabelled subset of their group
+    # (route: the retain adapter's advantages; the forget adapter keeps the whole group's)
+    advantages: RouteAdvantages = RouteAdvantages.group
+    penalty: float | None = None  # penalize: subtracted from a labelled sample's reward; null = the task's hack bonus
+
+    def __post_init__(self) -> None:
+        _require(self.penalty is None or self.penalty >= 0, "route.penalty", self.penalty, "null or >= 0")
+        _require(
+            not (self.advantages == RouteAdvantages.split and self.use in (RouteUse.penalize, RouteUse.observe)),
+            "route.advantages",
+            self.advantages.value,
+            f"'group' with route.use={self.use.value} (nothing is routed or dropped, so there is no subset to split)",
+        )
+        _require(
+            self.penalty is None or self.use == RouteUse.penalize,
+            "route.penalty",
+            self.penalty,
+            "null unless route.use=penalize",
+        )
 
 
 @dataclass
@@ -766,6 +831,7 @@ class Config:
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     growth: GrowthConfig = field(default_factory=GrowthConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    route: RouteConfig = field(default_factory=RouteConfig)  # what the detector's labels do (routing.py)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
@@ -836,12 +902,7 @@ class Config:
                 self.growth.grow_every,
                 "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
             )
-        _require(
-            self.detector.name == "none" or self.adapter.kind == AdapterKind.dual_lora,
-            "detector",
-            self.detector.name,
-            "'none' unless adapter=dual_lora (labels route gradients between the retain and forget adapters)",
-        )
+        _check_routing(self)
         registry.run_config_checks(self)  # cross-group checks and warnings the options' modules register
         if self.task.name == "reasoning_gym":
             _require(
@@ -909,6 +970,38 @@ def _task_lengths(task: TaskConfig, max_new_tokens: int | None = None) -> tuple[
     """(longest prompt, completion budget) in tokens: the registered task is built (not imported)."""
     t = registry.build_task(task)
     return t.max_prompt_len, max_new_tokens or t.max_completion_len
+
+
+def _check_routing(cfg: Config) -> None:
+    """The detector / route / adapter combinations a routing study may use (docs/routing.md)."""
+    use, dual = cfg.route.use, cfg.adapter.kind == AdapterKind.dual_lora
+    _require(
+        cfg.detector.name != "none" or cfg.route == RouteConfig(),
+        "route",
+        f"use={use.value},advantages={cfg.route.advantages.value},penalty={cfg.route.penalty}",
+        "the defaults without a detector (detector=none: there are no labels to use)",
+    )
+    _require(
+        cfg.detector.name == "none" or use != RouteUse.route or dual,
+        "detector",
+        cfg.detector.name,
+        "'none' unless adapter=dual_lora (labels route gradients between the retain and forget adapters), "
+        "or route.use=filter|penalize|observe",
+    )
+    _require(
+        not (dual and use != RouteUse.route),
+        "route.use",
+        use.value,
+        "'route' with adapter=dual_lora (the filter, penalize and observe baselines train one adapter: adapter=lora)",
+    )
+    if cfg.route.advantages == RouteAdvantages.split:
+        _require(
+            registry.ADVANTAGES.meta(cfg.algo.advantage).get("zero_flat_groups", True),
+            "algo.advantage",
+            cfg.algo.advantage,
+            "a group-local estimator (grpo, rloo, dr_grpo) with route.advantages=split (it normalises "
+            "within subsets of each group; a batch-whitened estimator has no per-group form)",
+        )
 
 
 def register_configs() -> None:

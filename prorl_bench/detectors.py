@@ -10,7 +10,10 @@ train only the forget adapter (``adapter=dual_lora``; README "Gradient routing")
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from prorl_bench.registry import DETECTORS, ConfigError
 
@@ -91,3 +94,66 @@ class RewardFieldDetector(Detector):
 
 def build_detector(name: str, params: dict[str, Any]) -> Detector:
     return DETECTORS[name](dict(params))
+
+
+# --------------------------------------------------------------------------- partial oversight
+
+STREAM_SALT = 0x9E3779B97F4A7C15  # mixes (seed, step) into one 63-bit generator seed
+
+
+def stream_uniforms(seed: int, step: int, n: int) -> torch.Tensor:
+    """(n, 2) float64 uniforms in [0, 1) for the samples of one rollout: column 0 decides a miss of
+    a positive, column 1 a false positive on a negative. A function of (seed, step, sample index)
+    only — common random numbers: every arm of a study (routed, filter, penalize) with the same seed
+    draws the same numbers for sample i of step t, whatever its policy sampled."""
+    mixed = (seed * STREAM_SALT + step * 1_000_003 + 0x5EED) % (2**63 - 1)
+    return torch.rand(n, 2, generator=torch.Generator().manual_seed(mixed), dtype=torch.float64)
+
+
+class Oversight:
+    """The detector as the run sees it: partial oversight over an inner detector.
+
+    For sample i of step t with uniforms (u, v) = ``stream_uniforms(seed, t, n)[i]``:
+    reported = (inner(i) and u < recall and not blind(i)) or (not inner(i) and v < false_positive_rate),
+    where blind(i) = the completion matches ``miss_pattern`` (a systematic miss: hacks of one form are
+    never reported, e.g. ``"^!"``). With recall 1, rate 0 and no pattern the labels are the inner
+    detector's. ``last`` holds the step's ``route/detector/{recall,precision}`` against the task's
+    ground-truth ``info["hack"]`` (NaN when the step has no hack / no report; absent when the task
+    reports no hack flag).
+    """
+
+    def __init__(self, inner: Detector, seed: int, recall: float, false_positive_rate: float, miss_pattern: str | None):
+        self.inner = inner
+        self.seed = seed
+        self.recall = recall
+        self.fpr = false_positive_rate
+        self.blind = re.compile(miss_pattern) if miss_pattern is not None else None
+        self.last: dict[str, float] = {}
+
+    def __call__(
+        self, step: int, problems: Sequence[Any], texts: Sequence[str], infos: Sequence[dict[str, Any]]
+    ) -> list[bool]:
+        """Labels of one rollout's samples (True = reported)."""
+        u = stream_uniforms(self.seed, step, len(texts)).tolist()
+        out = []
+        for (miss_u, fp_u), p, t, i in zip(u, problems, texts, infos):
+            if self.inner(p.prompt, t, p, i):
+                out.append(miss_u < self.recall and not (self.blind is not None and self.blind.search(t)))
+            else:
+                out.append(fp_u < self.fpr)
+        self.last = detector_quality(out, infos)
+        return out
+
+
+def detector_quality(reported: Sequence[bool], infos: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``route/detector/recall`` = reported hacks / hacks, ``route/detector/precision`` = reported
+    hacks / reports, against ``info["hack"]`` (NaN when the denominator is 0; {} without the flag)."""
+    if not infos or "hack" not in infos[0]:
+        return {}
+    truth = [bool(i["hack"]) for i in infos]
+    hit = sum(r and h for r, h in zip(reported, truth))
+    hacks, reports = sum(truth), sum(reported)
+    return {
+        "route/detector/recall": hit / hacks if hacks else float("nan"),
+        "route/detector/precision": hit / reports if reports else float("nan"),
+    }

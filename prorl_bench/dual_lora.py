@@ -1,9 +1,10 @@
-"""Dual (retain / forget) LoRA adapters for gradient routing (issue 14, partial).
+"""Dual (retain / forget) LoRA adapters for gradient routing (docs/routing.md).
 
 ``DualLoRALinear`` wraps an ``nn.Linear``:
     y = base(x) + s_r * c_r * (x A_r^T B_r^T) + s_f * c_f * (x A_f^T B_f^T)
 with c = alpha / rank fixed at attach time and (s_r, s_f) the inference scales set by
-``adapter_scales`` (``both`` = (1, 1), ``retain_only`` = (1, 0), ``forget_only`` = (0, 1)).
+``adapter_scales`` (``both`` = (1, 1), ``retain_only`` = (1, 0), ``forget_only`` = (0, 1), or any
+pair; ``fold_dual`` folds them into the base weights for export).
 
 Routing is a single pass with a per-sample stop-gradient: inside ``route_rows(model, mask)``
 (mask: bool, shape (batch,), True = labelled hack sample) the retain path of labelled rows is
@@ -18,6 +19,7 @@ Rank growth is not supported for dual adapters (``check_growth`` raises).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -84,20 +86,76 @@ def dual_layers(model: nn.Module) -> list[DualLoRALinear]:
     return [m for m in model.modules() if isinstance(m, DualLoRALinear)]
 
 
+# the names the tools (prorl-bench-sample / -export --mode) accept, short and long
+MODE_ALIASES = {"retain": "retain_only", "forget": "forget_only", "both": "both"}
+
+
+def resolve_scales(mode: str | tuple[float, float]) -> tuple[float, float]:
+    """(retain, forget) scales of a mode name (``both``, ``retain_only``/``retain``,
+    ``forget_only``/``forget``) or of an explicit pair (any finite floats)."""
+    if isinstance(mode, tuple):
+        if len(mode) != 2 or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in mode):
+            raise ValueError(f"adapter scales must be two finite numbers (retain, forget), got {mode!r}")
+        return float(mode[0]), float(mode[1])
+    name = MODE_ALIASES.get(mode, mode)
+    if name not in SCALE_MODES:
+        raise ValueError(
+            f"unknown adapter scale mode {mode!r}; choose from {sorted(SCALE_MODES)} or {sorted(MODE_ALIASES)}"
+        )
+    return SCALE_MODES[name]
+
+
+def parse_scales(text: str) -> tuple[float, float]:
+    """``"a,b"`` -> (a, b): the tools' ``--scales`` (retain scale, forget scale)."""
+    parts = text.split(",")
+    try:
+        pair = tuple(float(x) for x in parts)
+    except ValueError:
+        pair = ()
+    if len(pair) != 2 or not all(math.isfinite(x) for x in pair):
+        raise ValueError(f"--scales {text!r}: expected two finite numbers 'retain,forget', e.g. 1,0")
+    return pair  # type: ignore[return-value]
+
+
 @contextlib.contextmanager
-def adapter_scales(model: nn.Module, mode: str) -> Iterator[None]:
-    """Set (retain, forget) scales of every dual layer to ``SCALE_MODES[mode]`` for the block."""
-    if mode not in SCALE_MODES:
-        raise ValueError(f"unknown adapter scale mode {mode!r}; choose from {sorted(SCALE_MODES)}")
+def adapter_scales(model: nn.Module, mode: str | tuple[float, float]) -> Iterator[None]:
+    """Set (retain, forget) scales of every dual layer for the block: a mode name (``SCALE_MODES``,
+    or a ``MODE_ALIASES`` short name) or an explicit (retain, forget) pair."""
+    scales = resolve_scales(mode)
     layers = dual_layers(model)
     old = [m.scales for m in layers]
     for m in layers:
-        m.scales = SCALE_MODES[mode]
+        m.scales = scales
     try:
         yield
     finally:
         for m, s in zip(layers, old):
             m.scales = s
+
+
+@torch.no_grad()
+def fold_dual(model: nn.Module, scales: tuple[float, float]) -> int:
+    """Replace every DualLoRALinear by its base layer with the adapters folded in at ``scales``:
+    ``W += s_r * c_r * B_r A_r + s_f * c_f * B_f A_f`` (transposed for GPT-2's Conv1D), in place.
+    The model is then an adapter-free policy with the function of ``adapter_scales(model, scales)``
+    (to float rounding). Returns the number of layers folded."""
+    from prorl_bench.lora import is_transposed
+
+    s_r, s_f = scales
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, DualLoRALinear):
+                continue
+            delta = (child.retain_scaling * s_r) * (child.lora_retain_B.float() @ child.lora_retain_A.float())
+            delta = delta + (child.forget_scaling * s_f) * (child.lora_forget_B.float() @ child.lora_forget_A.float())
+            base = child.base
+            if is_transposed(base):
+                delta = delta.t()
+            base.weight.add_(delta.to(base.weight.dtype))
+            setattr(parent, name, base)
+            n += 1
+    return n
 
 
 @contextlib.contextmanager

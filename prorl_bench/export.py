@@ -20,6 +20,10 @@
 
 ``prorl-bench-sample RUN_DIR_OR_EXPORT --prompt TEXT [--n 4] [--temperature 1.0]`` samples
 completions from a run's (or an exported directory's) policy with the bench's own sampler.
+
+Routed runs (``adapter=dual_lora``): both tools take ``--mode retain|forget|both`` or ``--scales R,F``
+(the retain and forget adapters' scales). Sampling defaults to both at 1; export requires a choice
+and folds the scaled adapters into the weights (``dual_lora.fold_dual``).
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.hf_model import load_policy
 
-        targets = list(cfg.adapter.targets) if cfg.adapter.kind == AdapterKind.lora else []
+        targets = list(cfg.adapter.targets) if cfg.adapter.kind != AdapterKind.none else []
         policy = load_policy(cfg.model, torch.device("cpu"), targets)
     else:
         policy = TransformerPolicy(cfg.model, tok.vocab_size)
@@ -93,6 +97,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
         attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
         if blob.get("adapter_rank", d.rank) > d.rank:
             grow_rank([policy], blob["adapter_rank"], seed=0)
+    _attach_dual(policy, cfg)
     policy.load_state_dict(blob["policy"])
     policy.eval()
     return policy, tok, cfg, int(blob["step"])
@@ -349,9 +354,11 @@ def export_policy(policy: nn.Module, cfg: Config, tok: Any, out: str | Path) -> 
     return export_native(policy, cfg, tok.vocab_size, out)
 
 
-def export_run(run_dir: str | Path, out: str | Path) -> Path:
-    """Export ``run_dir``'s newest checkpoint to ``out`` (format per model.kind; see module doc)."""
+def export_run(run_dir: str | Path, out: str | Path, scales: tuple[float, float] | None = None) -> Path:
+    """Export ``run_dir``'s newest checkpoint to ``out`` (format per model.kind; see module doc).
+    ``scales``: a routed (dual_lora) run's (retain, forget) adapter scales, folded into the weights."""
     policy, tok, cfg, _ = load_run(run_dir)
+    policy, cfg = _fold_routed(policy, cfg, scales)
     return export_policy(policy, cfg, tok, out)
 
 
@@ -360,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", help="a run directory with checkpoints/step_*.pt")
     ap.add_argument("out", help="output directory")
     ap.add_argument("--merged", action="store_true", help="merge LoRA adapters into the weights (always done now)")
+    _add_scale_args(ap, "export a routed (adapter=dual_lora) run with these adapter scales (required for one)")
     args = ap.parse_args(argv)
     try:
-        print(export_run(args.run_dir, args.out))
+        print(export_run(args.run_dir, args.out, _scales_arg(args)))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -414,9 +422,11 @@ def sample_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    _add_scale_args(ap, "a routed (adapter=dual_lora) run's adapter scales (default: both at 1)")
     args = ap.parse_args(argv)
     try:
         policy, tok = load_any(args.path)
+        policy = _scaled_for_sampling(policy, _scales_arg(args))
         for prompt in args.prompt:
             texts = sample(policy, tok, prompt, args.n, args.temperature, args.max_new_tokens, args.seed)
             for i, text in enumerate(texts):
@@ -425,6 +435,69 @@ def sample_main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+# ------------------------------------------------------------------ routed (dual_lora) runs: the tools' entry
+
+
+def _attach_dual(policy: nn.Module, cfg: Config) -> None:
+    """A routed run's checkpoint holds retain and forget adapters: attach them before loading."""
+    if cfg.adapter.kind == AdapterKind.dual_lora:
+        from prorl_bench.dual_lora import attach_dual_lora
+
+        d = cfg.adapter
+        attach_dual_lora(policy, list(d.targets), d.retain_rank, d.forget_rank, d.alpha, d.freeze_base)
+
+
+def _add_scale_args(ap: argparse.ArgumentParser, what: str) -> None:
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--mode", choices=["retain", "forget", "both"], help=f"{what}: retain = forget adapter at 0")
+    g.add_argument("--scales", metavar="R,F", help=f"{what}: retain scale R and forget scale F, e.g. 1,0.5")
+
+
+def _scales_arg(args: argparse.Namespace) -> tuple[float, float] | None:
+    from prorl_bench.dual_lora import parse_scales, resolve_scales
+
+    if args.mode is not None:
+        return resolve_scales(args.mode)
+    return parse_scales(args.scales) if args.scales is not None else None
+
+
+def _scaled_for_sampling(policy: nn.Module, scales: tuple[float, float] | None) -> nn.Module:
+    """Set a routed policy's adapter scales for sampling; refuse scales on a policy without dual adapters."""
+    from prorl_bench.dual_lora import dual_layers
+
+    layers = dual_layers(policy)
+    if scales is not None and not layers:
+        raise ConfigError("--mode/--scales need a routed run (adapter=dual_lora); this policy has no dual adapters")
+    for m in layers:
+        m.scales = scales if scales is not None else (1.0, 1.0)
+    return policy
+
+
+def _fold_routed(policy: nn.Module, cfg: Config, scales: tuple[float, float] | None) -> tuple[nn.Module, Config]:
+    """A routed run exported at ``scales``: the adapters folded into the weights (``dual_lora.fold_dual``)
+    and the config's adapter set to none, so every format writes a plain model. Scales are required
+    for a routed run (which model is deployed is the study's question) and refused for any other."""
+    import copy
+
+    from prorl_bench.config import AdapterConfig
+    from prorl_bench.dual_lora import fold_dual
+
+    if cfg.adapter.kind != AdapterKind.dual_lora:
+        if scales is not None:
+            raise ConfigError("--mode/--scales need a routed run (adapter=dual_lora); this run has adapter="
+                              f"{cfg.adapter.kind.value}")  # fmt: skip
+        return policy, cfg
+    if scales is None:
+        raise ConfigError(
+            "a routed run (adapter=dual_lora) is exported with chosen adapter scales: pass --mode retain|forget|both "
+            "or --scales R,F (retain = the forget adapter ablated)"
+        )
+    fold_dual(policy, scales)
+    plain = copy.copy(cfg)  # no re-validation: only the adapter changes, to what the folded policy now is
+    object.__setattr__(plain, "adapter", AdapterConfig(targets=list(cfg.adapter.targets)))
+    return policy, plain
 
 
 if __name__ == "__main__":

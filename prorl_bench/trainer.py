@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from prorl_bench.accounting import COUNTERS, STAGES, StepAccounting, measured_matmul_peak
-from prorl_bench.advantages import compute_advantages, informative_groups
+from prorl_bench.advantages import informative_groups
 from prorl_bench.checkpoint import (
     finished_summary,
     load_latest,
@@ -41,8 +41,7 @@ from prorl_bench.config import (
     KLPlacement,
     LossAgg,
 )
-from prorl_bench.detectors import build_detector
-from prorl_bench.dual_lora import attach_dual_lora, route_rows
+from prorl_bench.dual_lora import attach_dual_lora
 from prorl_bench.evaluation import completions, prompts_to_write, score_details, validate
 from prorl_bench.growth import GrowthSchedule, migrate_optimizer
 from prorl_bench.guards import NonFiniteGuard, Preempted, PreemptionFlag
@@ -59,8 +58,7 @@ from prorl_bench.reference import AdapterReference, ReferenceContext, build_refe
 from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.resets import ResetSchedule
 from prorl_bench.rollout import Rollout, chunked_logprobs, generate, token_logprobs
-from prorl_bench.routing import labels as route_labels
-from prorl_bench.routing import route_eval, wants_route_eval
+from prorl_bench.routing import Router, route_backward, route_eval, wants_route_eval
 from prorl_bench.rundir import RunDirLock
 from prorl_bench.schedule import LRSchedule
 from prorl_bench.tasks import make_task
@@ -133,7 +131,7 @@ class RunContext:
     banned: tuple[int, ...]  # token ids never sampled (their logprobs are of the renormalised rest)
     task: Any
     mb_size: int  # rows per minibatch, and per chunk of the no-grad teacher-forced passes
-    detector: Any  # gradient routing's labeller, or None
+    router: Router  # gradient routing's labels and what they do (routing.py); the identity without a detector
     base_model: torch.nn.Module | None  # a frozen snapshot of the base when the reference can move
     kl_in_loss: bool
     loss_norm_len: int  # tokens: seq_mean_token_sum_norm's fixed normaliser (the completion budget)
@@ -154,13 +152,13 @@ class Scored:
     rewards: torch.Tensor
     success: list[bool]
     details: list[Any]  # the verifier's per-sample details (code: failure classes)
-    routed: torch.Tensor | None  # gradient routing: (B,) bool, rows that train only the forget adapter
 
 
 @dataclass
 class Advantages:
     adv: torch.Tensor  # (B,): one advantage per sequence, broadcast over its tokens
     rows: torch.Tensor  # indices of the sequences the update trains on (dynamic sampling, skipped batches)
+    adv_retain: torch.Tensor | None = None  # route.advantages=split: the retain adapter's own (B,) advantages
 
 
 @dataclass
@@ -175,6 +173,7 @@ class MinibatchLoss:
     clipped: torch.Tensor  # (b, L) bool: tokens whose gradient the clip removed
     mask: torch.Tensor  # (b, L) completion tokens
     logp_ref: torch.Tensor | None  # (b, L) the reference's logprobs (None without a reference)
+    loss_retain: torch.Tensor | None = None  # split routing: the loss whose gradient the retain adapter takes
 
 
 @dataclass
@@ -212,7 +211,7 @@ def _train(
             with acct.stage("rollout"), ctx.autocast:
                 problems, batch = rollout(ctx, s)
             with acct.stage("reward"):
-                sc = score(ctx, problems, batch)
+                sc = score(ctx, problems, batch, step)
             with acct.stage("old_logprob"), ctx.autocast:
                 logp_old = old_logprobs(ctx, s.policy, batch)
             finite = s.guard.ok(logp_old, step, "old_logprob", "logp_old")
@@ -247,7 +246,7 @@ def _setup(
     if a.max_new_tokens is not None:  # one completion budget for every task (TRL max_completion_length)
         task.max_completion_len = a.max_new_tokens
     mb_size = a.prompts_per_step * a.group_size // a.minibatches
-    detector = build_detector(cfg.detector.name, cfg.detector.params) if cfg.detector.name != "none" else None
+    router = Router(cfg, task)
     policy, base_info = load_base_policy(cfg, task, tok, device, cache_root, preempt.stop_signal, progress)
     s = _initial_state(cfg, policy, task, banned, device, mb_size)
     base_model = None  # kl/base once the reference has left the base (a reset, or a moving reference)
@@ -262,7 +261,7 @@ def _setup(
         banned=banned,
         task=task,
         mb_size=mb_size,
-        detector=detector,
+        router=router,
         base_model=base_model,
         kl_in_loss=cfg.kl_estimator.placement == KLPlacement.loss and a.beta > 0,
         loss_norm_len=task.max_completion_len,
@@ -307,17 +306,15 @@ def rollout(ctx: RunContext, s: RunState) -> tuple[list[Any], Rollout]:
     return problems, batch
 
 
-def score(ctx: RunContext, problems: list[Any], batch: Rollout) -> Scored:
-    """The task's verifier scores every completion; the detector labels samples for routing."""
+def score(ctx: RunContext, problems: list[Any], batch: Rollout, step: int) -> Scored:
+    """The task's verifier scores every completion; the detector labels samples (routing and its baselines)."""
     a = ctx.cfg.algo
     texts = completions(ctx.tok, batch)
     reward_list, success, details = score_details(ctx.task, texts, problems)
     rewards = torch.tensor(reward_list, device=ctx.device).view(a.prompts_per_step, a.group_size)
-    routed = None
-    if ctx.detector is not None:  # gradient routing: labelled samples train only the forget adapter
-        routed = torch.tensor(route_labels(ctx.detector, problems, texts, details))
+    ctx.router.label(step, problems, texts, details)  # this step's labels (partial oversight: routing.py)
     n_gen = int(batch.completion_mask.sum())
-    return Scored(problems, batch, n_gen, rewards, success, details, routed)
+    return Scored(problems, batch, n_gen, rewards, success, details)
 
 
 def old_logprobs(ctx: RunContext, policy: torch.nn.Module, batch: Rollout) -> torch.Tensor:
@@ -335,17 +332,18 @@ def advantages(
     the rows the update trains on: dynamic sampling drops all-equal groups; a non-finite rollout
     (``finite`` False, or non-finite advantages under skip_batch) trains on none."""
     a, k = ctx.cfg.algo, ctx.cfg.kl_estimator
-    shaped = sc.rewards
+    shaped = ctx.router.shape_rewards(sc.rewards)  # route.use=penalize: labelled samples lose route.penalty
     if k.placement == KLPlacement.reward and beta > 0:
         logp_ref = s.ref.logp(torch.arange(len(sc.batch), device=ctx.device), sc.batch, ctx.acct)
         kl_tok = reward_kl_tokens(k, logp_old, logp_ref)
-        shaped = sc.rewards - beta * (kl_tok * sc.batch.completion_mask).sum(-1).view_as(sc.rewards)
-    adv = compute_advantages(a.advantage, shaped, a.adv_eps, a.advantage_params).flatten()
+        shaped = shaped - beta * (kl_tok * sc.batch.completion_mask).sum(-1).view_as(sc.rewards)
+    adv, adv_retain = ctx.router.advantages(a.advantage, shaped, a.adv_eps, a.advantage_params)
     finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
     everyone = torch.ones_like(sc.rewards[:, 0], dtype=torch.bool)
     keep = informative_groups(sc.rewards) if a.dynamic_sampling else everyone
     keep &= finite  # skip_batch: a non-finite rollout updates nothing
-    return Advantages(adv, keep.repeat_interleave(a.group_size).nonzero().squeeze(-1))
+    rows = ctx.router.update_rows(keep.repeat_interleave(a.group_size).nonzero().squeeze(-1))  # filter drops
+    return Advantages(adv, rows, adv_retain)
 
 
 def ppo_update(
@@ -360,15 +358,15 @@ def ppo_update(
     params_before = ParamSnapshot(trainable, ctx.cfg.hardware.update_norm)  # frozen ones cannot move: no copy
     for epoch in range(a.ppo_epochs if len(adv.rows) else 0):
         perm = adv.rows[torch.randperm(len(adv.rows), generator=s.shuffle_gen).to(ctx.device)]
-        for idx in perm.tensor_split(a.minibatches):
+        for idx in perm.tensor_split(min(a.minibatches, len(perm))):  # route.use=filter may leave few rows
             # autocast around the forwards and the loss only: its cache of bf16 weight casts lives until
             # the context exits, so an optimizer step inside it would leave later minibatches on the
             # weights from before the step (stale casts). Backward runs outside, as torch advises.
             with ctx.autocast:
-                mb = minibatch_loss(ctx, s, sc, idx, logp_old, adv.adv, beta)
+                mb = minibatch_loss(ctx, s, sc, idx, logp_old, adv, beta)
             if epoch == 0 and mb.logp_ref is not None:
                 ref_rows[idx] = mb.logp_ref
-            grad_norm = optimizer_step(ctx, s, mb.loss, trainable, step)
+            grad_norm = optimizer_step(ctx, s, mb, trainable, step)
             if grad_norm is not None:
                 n_mb += 1
                 _accumulate(sums, mb, logp_old[idx], grad_norm, diagnostic_agg(a.loss_agg))
@@ -377,38 +375,46 @@ def ppo_update(
 
 
 def minibatch_loss(
-    ctx: RunContext, s: RunState, sc: Scored, idx: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, beta: float
+    ctx: RunContext, s: RunState, sc: Scored, idx: torch.Tensor, logp_old: torch.Tensor, adv: Advantages, beta: float
 ) -> MinibatchLoss:
     """loss = clipped surrogate + beta * KL(anchor) - entropy_coef * entropy on the rows ``idx``,
     each aggregated by algo.loss_agg. The anchor is the reference (B: pi_old)."""
     a, k = ctx.cfg.algo, ctx.cfg.kl_estimator
     mb = sc.batch.rows(idx)
     mask = mb.completion_mask
-    with nullcontext() if sc.routed is None else route_rows(s.policy, sc.routed[idx.cpu()].to(ctx.device)):
+    with ctx.router.forward(s.policy, idx):  # route.use=route: labelled rows reach only the forget adapter
         logp, entropy = token_logprobs(s.policy, mb, a.temperature, ctx.banned, with_entropy=True)
     _count_policy_forward(ctx.acct, s.policy, mb, backward=True)
     with ctx.acct.stage("ref_logprob"):
         logp_ref = s.ref.logp(idx, mb, ctx.acct)  # A0: a fresh reference forward, here
     old = logp_old[idx]
-    pg_tok, clipped = clipped_surrogate(logp, old, adv[idx], a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c)
+    pg_tok, clipped = clipped_surrogate(
+        logp, old, adv.adv[idx], a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c
+    )
     pg = aggregate(pg_tok, mask, a.loss_agg, ctx.loss_norm_len)
     kl_loss = torch.zeros((), device=ctx.device)
     if ctx.kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
         kl_loss = aggregate(kl_tokens(k, logp, s.ref.anchor(logp_ref, old)), mask, a.loss_agg, ctx.loss_norm_len)
     ent = aggregate(entropy, mask, a.loss_agg, ctx.loss_norm_len)
     loss = pg + beta * kl_loss - a.entropy_coef * ent
-    return MinibatchLoss(loss, pg, kl_loss, ent, logp, clipped, mask, logp_ref)
+    loss_retain = None
+    if adv.adv_retain is not None:  # split routing: the retain adapter's gradient comes from its own advantages
+        pg_retain_tok, _ = clipped_surrogate(
+            logp, old, adv.adv_retain[idx], a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c
+        )
+        loss_retain = loss - pg + aggregate(pg_retain_tok, mask, a.loss_agg, ctx.loss_norm_len)
+    return MinibatchLoss(loss, pg, kl_loss, ent, logp, clipped, mask, logp_ref, loss_retain)
 
 
 def optimizer_step(
-    ctx: RunContext, s: RunState, loss: torch.Tensor, trainable: list[torch.Tensor], step: int
+    ctx: RunContext, s: RunState, mb: MinibatchLoss, trainable: list[torch.Tensor], step: int
 ) -> torch.Tensor | None:
     """Backward, gradient clipping, AdamW step; the guards skip (or fail) on a non-finite loss or
     gradient. Returns the pre-clip gradient norm, or None when the minibatch was skipped."""
     s.optimizer.zero_grad(set_to_none=True)
-    if not s.guard.ok(loss, step, "update", "loss/total"):
+    if not s.guard.ok(mb.loss, step, "update", "loss/total"):
         return None
-    loss.backward()
+    route_backward(s.policy, mb.loss, mb.loss_retain)  # loss.backward(), or split routing's two gradients
     max_norm = ctx.cfg.algo.grad_clip if ctx.cfg.algo.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(s.policy.parameters(), max_norm)
     if not s.guard.ok(grad_norm, step, "update", "grad_norm"):
@@ -462,8 +468,7 @@ def metrics_row(
     }
     if hasattr(ctx.task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
         row.update(ctx.task.step_metrics(sc.details))
-    if sc.routed is not None:
-        row["route/labelled_frac"] = float(sc.routed.float().mean())
+    row.update(ctx.router.metrics())  # route/labelled_frac, route/detector/{recall,precision}
     return row
 
 
@@ -571,7 +576,7 @@ def _validate(ctx: RunContext, s: RunState, out: Any, step: int, on_progress=Non
                 ctx.task,
                 ctx.tok,
                 ctx.val_problems,
-                ctx.detector,
+                ctx.router.detector,
                 temperature=cfg.algo.temperature,
                 generator=rgen,
                 device=device,

@@ -143,8 +143,11 @@ def test_a_routed_run_logs_labels_and_the_three_modes(run_exp):
     val = _rows(run_dir / "validation.jsonl")
     base = val[0]  # step 0: both adapters start at B = 0, so the three modes are the same function
     assert base["route/both/success"] == base["route/retain_only/success"] == base["route/forget_only/success"]
+    dpp = {base[f"route/{m}/distinct_per_prompt"] for m in ("both", "retain_only", "forget_only")}
+    assert len(dpp) == 1 and 1.0 <= dpp.pop() <= 4.0  # same function, same random numbers: same diversity
     for mode in ("both", "retain_only", "forget_only"):
-        assert {f"route/{mode}/success", f"route/{mode}/hack_rate", f"route/{mode}/pass@4"} <= set(val[-1])
+        keys = {"success", "hack_rate", "pass@4", "distinct_per_prompt"}
+        assert {f"route/{mode}/{k}" for k in keys} <= set(val[-1])
 
 
 def test_a_routed_run_resumes_identically(run_exp):
@@ -154,6 +157,61 @@ def test_a_routed_run_resumes_identically(run_exp):
     _, resumed = run_exp([*ROUTED, "steps=4", "eval_every=2"], "part")
     assert strip_timing(_rows(full / "metrics.jsonl")) == strip_timing(_rows(resumed / "metrics.jsonl"))
     assert _rows(full / "validation.jsonl") == _rows(resumed / "validation.jsonl")
+
+
+def _logits(policy, tok, prompts=("R123=", "R98765=")):
+    ids, mask = tok.encode_prompts(list(prompts))
+    with torch.no_grad():
+        return policy(ids, mask)
+
+
+@pytest.mark.slow
+def test_sample_and_export_a_routed_run(run_exp, tmp_path, capsys):
+    """prorl-bench-sample / -export on a routed run dir: --mode and --scales pick the adapter scales;
+    an export at (1, 0) has the logits of the run's policy with the forget adapter ablated."""
+    from prorl_bench.dual_lora import adapter_scales, dual_layers, fold_dual
+    from prorl_bench.export import load_native, load_run, main, sample_main
+
+    _, run_dir = run_exp([*ROUTED, "steps=3", "eval_every=3", "algo.lr=0.05"], "routed")
+    policy, tok, cfg, step = load_run(run_dir)
+    assert step == 3 and len(dual_layers(policy)) > 0
+    assert any(float(m.lora_forget_B.detach().abs().max()) > 0 for m in dual_layers(policy))  # the forget adapter moved
+    with adapter_scales(policy, (1.0, 0.0)):
+        retain = _logits(policy, tok)
+    with adapter_scales(policy, (0.0, 1.0)):
+        forget = _logits(policy, tok)
+    with adapter_scales(policy, (1.0, 0.5)):
+        half = _logits(policy, tok)
+    assert not torch.allclose(retain, forget)
+
+    outs = {}
+    for name, flags in {"retain": ["--mode", "retain"], "scales10": ["--scales", "1,0"], "forget": ["--mode", "forget"],
+                        "both": [], "both_flag": ["--mode", "both"]}.items():  # fmt: skip
+        assert sample_main([str(run_dir), "--prompt", "R123=", "--n", "6", "--max-new-tokens", "5", *flags]) == 0
+        outs[name] = [json.loads(x)["completion"] for x in capsys.readouterr().out.splitlines()]
+    assert outs["retain"] == outs["scales10"] and outs["both"] == outs["both_flag"] and len(outs["retain"]) == 6
+
+    for flags, want in ((["--mode", "retain"], retain), (["--scales", "1,0.5"], half)):
+        out = tmp_path / ("export" + flags[1])
+        assert main([str(run_dir), str(out), *flags]) == 0
+        exported, _ = load_native(out)
+        torch.testing.assert_close(_logits(exported, tok), want, rtol=0, atol=1e-5)
+    folded, _, _, _ = load_run(run_dir)
+    assert fold_dual(folded, (1.0, 0.0)) == len(dual_layers(policy)) and not dual_layers(folded)
+    capsys.readouterr()
+
+    assert main([str(run_dir), str(tmp_path / "no_mode")]) == 2  # which model is deployed is a choice
+    assert "--mode retain|forget|both" in capsys.readouterr().err
+    assert sample_main([str(run_dir), "--prompt", "R1=", "--scales", "1,x"]) == 2
+    assert "--scales '1,x'" in capsys.readouterr().err
+
+
+def test_scales_on_a_run_without_dual_adapters_fail_loudly(run_exp, capsys):
+    from prorl_bench.export import sample_main
+
+    _, run_dir = run_exp(["adapter=lora", "steps=1", "eval_every=1", "eval.at_start=false"], "lora")
+    assert sample_main([str(run_dir), "--prompt", "R12=", "--mode", "retain"]) == 2
+    assert "need a routed run" in capsys.readouterr().err
 
 
 def test_dual_adapters_are_not_exported_silently(tmp_path):
