@@ -996,7 +996,7 @@ def _check_routing(cfg: Config) -> None:
     )
     if cfg.route.advantages == RouteAdvantages.split:
         _require(
-            registry.ADVANTAGES.meta(cfg.algo.advantage).get("zero_flat_groups", True),
+            registry.ADVANTAGES.meta(cfg.algo.advantage).get("centres_per_group", True),
             "algo.advantage",
             cfg.algo.advantage,
             "a group-local estimator (grpo, rloo, dr_grpo) with route.advantages=split (it normalises "

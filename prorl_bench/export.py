@@ -343,12 +343,12 @@ def check_finite(policy: nn.Module) -> None:
 def export_policy(policy: nn.Module, cfg: Config, tok: Any, out: str | Path) -> Path:
     """Export an in-memory policy (any device) to ``out`` in the format for ``cfg.model.kind``; refuses
     non-finite weights (NonFiniteWeightsError) before writing anything."""
-    check_finite(policy)
     if cfg.adapter.kind == AdapterKind.dual_lora:
         raise ConfigError(
-            "invalid config value adapter=dual_lora for export: dual (retain/forget) adapters are not exported "
-            "yet; the run's checkpoints hold them (checkpoints/step_N.pt, keys lora_retain_* / lora_forget_*)"
+            "invalid config value adapter=dual_lora for export: pick the adapters' scales (prorl-bench-export "
+            "--mode retain|forget|both or --scales R,F) so they are folded into the weights"
         )
+    check_finite(policy)
     if cfg.model.kind == ModelKind.hf_causal_lm:
         return export_hf(policy, cfg, out)
     return export_native(policy, cfg, tok.vocab_size, out)
