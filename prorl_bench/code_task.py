@@ -26,7 +26,6 @@ success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -48,7 +47,7 @@ from prorl_bench.sandbox import (
     isolation_level,
     run_many,
 )
-from prorl_bench.tasks import Problem
+from prorl_bench.tasks import Problem, jsonl_objects
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "code"
 # One class per sample (sandbox.FAIL_CLASSES). ok: every test passed; no_code: nothing to run;
@@ -77,16 +76,7 @@ class CodeProblem(Problem):
 def load_problems(path: Path) -> list[dict[str, Any]]:
     """Parse and check a problem file; every error names the file and line."""
     rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"{where}: expected a JSON object")
+    for where, row in jsonl_objects(path):
         for key, typ in REQUIRED.items():
             if not isinstance(row.get(key), typ):
                 raise ConfigError(f"{where}: field {key!r} missing or not a {typ.__name__}")

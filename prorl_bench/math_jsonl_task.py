@@ -26,7 +26,6 @@ ConfigError); without it, a question is held out when the CRC32 of its text fall
 from __future__ import annotations
 
 import functools
-import json
 import random
 import zlib
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from pathlib import Path
 from prorl_bench.answers import CHAT_INSTRUCTION, CHAT_TEMPLATE_ALLOWANCE, is_numeric, numbers_equal, strict_answer
 from prorl_bench.config import RewardKind, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError
-from prorl_bench.tasks import Problem
+from prorl_bench.tasks import Problem, jsonl_objects
 
 MAX_COMPLETION_TOKENS = 256  # as task=gsm: room to reason before the tagged answer
 
@@ -76,16 +75,7 @@ def _stamp(p: Path) -> tuple[int, int]:
 def _load(path: str, mtime_ns: int, size: int) -> tuple[MathProblem, ...]:
     out: list[MathProblem] = []
     seen: dict[str, int] = {}
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f'{where}: expected an object {{"question": ..., "answer": ...}}')
+    for where, row in jsonl_objects(path, 'an object {"question": ..., "answer": ...}'):
         question, answer = row.get("question"), _text(row.get("answer"))
         if not isinstance(question, str) or not question.strip():
             raise ConfigError(f"{where}: field 'question' missing or not a non-empty string")
@@ -100,7 +90,7 @@ def _load(path: str, mtime_ns: int, size: int) -> tuple[MathProblem, ...]:
         question = " ".join(question.split())
         if question in seen:
             raise ConfigError(f"{where}: the same question as line {seen[question]}")
-        seen[question] = n
+        seen[question] = int(where.rsplit(":", 1)[1])
         prompt = f"{question} {CHAT_INSTRUCTION}"
         out.append(MathProblem(prompt=prompt, target=answer.strip(), difficulty=difficulty, question=question))
     if not out:

@@ -8,10 +8,12 @@ so validation never sees a training prompt.
 
 from __future__ import annotations
 
+import json
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from prorl_bench.config import RewardKind, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError, build_task
@@ -183,3 +185,20 @@ def make_task(cfg: TaskConfig) -> Task:
     """Build the task named by ``cfg.name`` (a registered task; ConfigError lists the allowed names),
     with its ``task.params`` when it declares them. Lengths: symbols in the input (per operand for add)."""
     return build_task(cfg)
+
+
+def jsonl_objects(path: str | Path, expected: str = "a JSON object") -> Iterator[tuple[str, dict]]:
+    """(``"FILE:LINE"``, object) for every non-blank line of a user's problem file, read with ``json`` only
+    (no code runs from data). A line that is not JSON, or not an object, is a ConfigError naming file and
+    line; ``expected`` describes the object in that message."""
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: expected {expected}")
+        yield where, row
