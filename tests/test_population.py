@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -137,9 +138,13 @@ def test_lockstep_members_keep_their_own_global_rng_and_sample_together():
     tok = CharTokenizer()
     ms = _members(3, tok.vocab_size)
     seen: dict[int, list[float]] = {}
+    own: dict[int, float] = {}
 
     def member(i: int):
         def fn():
+            import prorl_bench.accounting as accounting
+
+            t0 = accounting.time.perf_counter()  # the member's own clock while populations run
             torch.manual_seed(i)
             random.seed(i)
             draws = []
@@ -148,12 +153,17 @@ def test_lockstep_members_keep_their_own_global_rng_and_sample_together():
                 r = _requests([ms[i]], tok, [i])[0]
                 ls._generate(r.policy, tok, r.prompt_ids, r.prompt_mask, 5, 1.0, generator=r.generator)
             seen[i] = draws
+            own[i] = accounting.time.perf_counter() - t0
             return i
 
         return fn
 
     pop = Lockstep(3)
+    t0 = time.perf_counter()
     assert pop.run([member(i) for i in range(3)]) == [0, 1, 2]
+    wall = time.perf_counter() - t0
+    # the members' own clocks partition the wall time: none waited on another's work
+    assert all(v > 0 for v in own.values()) and sum(own.values()) <= wall
     for i in range(3):
         torch.manual_seed(i)
         random.seed(i)

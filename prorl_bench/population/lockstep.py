@@ -16,6 +16,11 @@ objects alone. Two things make the members one computation:
   policy) samples alone. If a batch raises, its generators are rewound and each member samples
   alone, so the error lands in the member that caused it and the others go on.
 
+Stage timers: a member's ``time/*`` metrics are its own clock — wall time minus the time it waited
+for the token, plus its share (1/n) of each batched sampling call it took part in (``member_clock``,
+read by ``accounting.py`` while populations run). So a member's ``time/step`` is what its step cost
+inside the population, and the members' times add up to the population's wall time.
+
 A member that finishes or fails leaves the barrier; the rest continue. Members need not be at the
 same step (a resumed population whose members checkpointed at different steps batches them anyway).
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -54,6 +60,8 @@ class Lockstep:
         self._requests: dict[int, SampleRequest] = {}
         self._results: dict[int, Any] = {}
         self._rng: dict[int, tuple[torch.Tensor, object]] = {}
+        self._waited = [0.0] * size  # seconds not charged to member i (waiting, others' sampling shares)
+        self._since: list[float | None] = [None] * size
         self.stats = {"batched_calls": 0, "batched_requests": 0, "solo_calls": 0}
 
     # -- the run token
@@ -62,6 +70,9 @@ class Lockstep:
             self._status[i] = "ready"
             self._cv.wait_for(lambda: self._holder is None and i == min(self._ready()))
             self._holder, self._status[i] = i, "running"
+            if self._since[i] is not None:
+                self._waited[i] += time.perf_counter() - self._since[i]
+                self._since[i] = None
         if i in self._rng:
             torch_state, py_state = self._rng.pop(i)
             torch.set_rng_state(torch_state)
@@ -74,6 +85,7 @@ class Lockstep:
         """Called with the lock held by the token's holder."""
         if status != "done":
             self._rng[i] = (torch.get_rng_state(), random.getstate())
+            self._since[i] = time.perf_counter()
         self._holder, self._status[i] = None, status
         self._maybe_sample()
         self._cv.notify_all()
@@ -111,7 +123,20 @@ class Lockstep:
         for j in live:
             self._status[j] = "sampled"
 
+    def member_clock(self, i: int) -> float:
+        """Member i's own clock (seconds): wall time minus what is not its own work."""
+        return time.perf_counter() - self._waited[i]
+
     def _sample(self, members: list[int]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._sample_group(members)
+        finally:
+            share = (time.perf_counter() - t0) / len(members)
+            for j in members:  # each member is charged its share of the batched call
+                self._waited[j] -= share
+
+    def _sample_group(self, members: list[int]) -> None:
         reqs = [self._requests[j] for j in members]
         if len(reqs) > 1:
             saved = [None if r.generator is None else r.generator.get_state() for r in reqs]
@@ -199,9 +224,28 @@ def batched_generate() -> Iterator[None]:
                 _set_generate(_generate, _ORIGINAL_GENERATE)
 
 
+class _MemberTime:
+    """``time`` for ``accounting.py`` while populations run: ``perf_counter`` is the calling member's
+    own clock (``Lockstep.member_clock``); outside member threads, the wall clock."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def perf_counter() -> float:
+        pop: Lockstep | None = getattr(_local, "pop", None)
+        return time.perf_counter() if pop is None else pop.member_clock(_local.member)
+
+
+_MEMBER_TIME = _MemberTime()
+
+
 def _set_generate(old, new) -> None:
+    import prorl_bench.accounting as accounting
     import prorl_bench.evaluation  # noqa: F401  (callers of generate that must be loaded to be patched)
     import prorl_bench.trainer  # noqa: F401
+
+    accounting.time = _MEMBER_TIME if new is _generate else time
 
     for name, mod in list(sys.modules.items()):
         if name.startswith("prorl_bench.") and not name.startswith("prorl_bench.population"):
