@@ -75,6 +75,33 @@ def check_population(jobs: list[MemberJob]) -> None:
         raise ConfigError(f"population members share a run directory: {dup[0]}")
 
 
+def prepare_bases(cfgs: list[Config], cache_root: Path, threads: int = 1) -> None:
+    """Build (or load) every member's warm-up base in the calling thread, before the members start.
+
+    A member building the base inside its own thread would hold the base's file lock while its
+    warm-up samples — a barrier — and the next member, given the run token, would wait on that lock
+    for ever. Built here, every member finds its base in the cache (bases are keyed by everything
+    that determines them, so this is the base each single run would build or load).
+    """
+    import torch
+
+    from prorl_bench.policies import build_tokenizer, load_base_policy
+    from prorl_bench.tasks import make_task
+    from prorl_bench.trainer import resolve_device
+
+    torch.set_num_threads(threads)
+    done: set[str] = set()
+    for cfg in cfgs:
+        key = json.dumps([config_dict(cfg)[k] for k in ("task", "model", "warmup", "algo")], sort_keys=True)
+        if key in done:
+            continue
+        done.add(key)
+        task = make_task(cfg.task)
+        if cfg.algo.max_new_tokens is not None:
+            task.max_completion_len = cfg.algo.max_new_tokens
+        load_base_policy(cfg, task, build_tokenizer(cfg), resolve_device(cfg), cache_root)
+
+
 def run_population(
     jobs: list[MemberJob], cache_root: Path, threads: int = 1, stop_file: Path | None = None
 ) -> list[dict[str, Any] | BaseException]:
@@ -86,6 +113,7 @@ def run_population(
     from prorl_bench.trainer import train
 
     check_population(jobs)
+    prepare_bases([j.cfg for j in jobs], cache_root, threads)
 
     def member(job: MemberJob):
         def fn() -> dict[str, Any]:
