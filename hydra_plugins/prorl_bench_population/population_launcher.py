@@ -135,8 +135,12 @@ def _job_config(hydra_context: HydraContext, config: DictConfig, idx: int, overr
 
 def run_unit(members, hydra_context, config, task_function, singleton_state) -> list[tuple[int, JobReturn]]:
     """In a worker process: run one population (lockstep member threads) or one single job."""
+    from prorl_bench.guards import ignore_stop_signals_between_jobs
     from prorl_bench.population.lockstep import Lockstep
 
+    # member threads cannot install signal handlers: SIGTERM/SIGINT to this worker are left to the
+    # sweep's STOP file, which every member checks at its step end (checkpoint, then "preempted")
+    ignore_stop_signals_between_jobs()
     setup_globals()
     Singleton.set_state(singleton_state)
 
