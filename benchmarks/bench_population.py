@@ -3,6 +3,7 @@
     python benchmarks/bench_population.py                      # S in 1 2 4 8 16 32, default size and model=small
     python benchmarks/bench_population.py --sizes 1 4 16 --steps 10 --models tiny
     python benchmarks/bench_population.py --designs            # the M1 design micro-benchmark only
+    python benchmarks/bench_population.py --in-process --sizes 4 8 --steps 10   # one core, no launcher
 
 For each S, interleaved in one invocation: the same multirun of S seeds (``prorl-bench -m seed=0..S-1``)
 through the joblib launcher (2 workers, one torch thread each: S separate runs) and through
@@ -12,6 +13,11 @@ command (process start-up, base loading, validation included), runs*steps/s, the
 counted FLOPs / wall / (2 x the measured 1-thread fp32 matmul peak)), the share of each stage in the
 runs' summed stage times, and peak RSS per member (``mem/peak_rss_mb`` of each worker process divided
 by the members it held at once).
+
+``--in-process`` compares, in this one process on one thread, S single runs one after the other
+(``trainer.train``) with one population of S (``run_population``), alternating, without validation:
+wall seconds and the runs' summed stage times — the launchers' process start-up and scheduling out
+of the picture.
 
 ``--designs`` times the two batching designs the issue names against a loop over members, on the
 default model with 1 thread: (a) ``torch.func.stack_module_state`` + ``functional_call`` + ``vmap``,
@@ -117,6 +123,54 @@ def throughput(sizes: list[int], models: list[str], steps: int, extra: list[str]
                 print(f"| {s} | " + " | ".join(cells) + " |", flush=True)
 
 
+def in_process(sizes: list[int], steps: int, extra: list[str], model: str) -> None:
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from prorl_bench.config import register_configs, to_config
+    from prorl_bench.population.runner import MemberJob, run_population
+    from prorl_bench.searchpath import CONF_DIR
+    from prorl_bench.trainer import train
+
+    torch.set_num_threads(1)
+    register_configs()
+    over = [f"model={model}", f"steps={steps}", "eval_every=100000", "eval.at_start=false", "progress=false", *extra]
+
+    def cfg(seed: int):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return to_config(compose(config_name="config", overrides=[*over, f"seed={seed}"]))
+
+    def sums(dirs: list[Path]) -> dict[str, float]:
+        out = dict.fromkeys(("step", "rollout", "update"), 0.0)
+        for d in dirs:
+            for line in (d / "metrics.jsonl").read_text().splitlines():
+                row = json.loads(line)
+                for k in out:
+                    out[k] += row[f"time/{k}"]
+        return out
+
+    print("| S | singles wall s | population wall s | ratio | singles Σrollout s | pop Σrollout s | "
+          "singles Σupdate s | pop Σupdate s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="bench-pop-inproc-") as tmp:
+        tmp, cache = Path(tmp), Path(tmp) / "cache"
+        train(cfg(0), tmp / "warm", cache)  # the warm-up base, built once, not timed
+        for s in sizes:
+            t0 = time.perf_counter()
+            singles = [tmp / f"single-{s}-{i}" for i in range(s)]
+            for i, d in enumerate(singles):
+                train(cfg(i), d, cache)
+            w_single = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            jobs = [MemberJob(cfg(i), tmp / f"pop-{s}-{i}") for i in range(s)]
+            run_population(jobs, cache)
+            w_pop = time.perf_counter() - t0
+            a, b = sums(singles), sums([j.run_dir for j in jobs])
+            cells = [f"{w_single:.1f}", f"{w_pop:.1f}", f"{w_single / w_pop:.2f}×", f"{a['rollout']:.1f}",
+                     f"{b['rollout']:.1f}", f"{a['update']:.1f}", f"{b['update']:.1f}"]  # fmt: skip
+            print(f"| {s} | " + " | ".join(cells) + " |", flush=True)
+
+
 def designs(sizes: list[int]) -> None:
     import torch
 
@@ -199,10 +253,16 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["tiny", "small"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--designs", action="store_true", help="only the design micro-benchmark")
+    ap.add_argument("--in-process", action="store_true", help="singles vs a population in this process")
     ap.add_argument("extra", nargs="*", help="more overrides for every run (e.g. algo.group_size=4)")
     a = ap.parse_args()
     if a.designs:
         designs([s for s in a.sizes if s in (1, 8, 32)] or a.sizes)
+        return
+    if a.in_process:
+        for model in a.models:
+            print(f"\n## model={model}\n")
+            in_process(a.sizes, a.steps, a.extra, model)
         return
     throughput(a.sizes, a.models, a.steps, a.extra)
 
