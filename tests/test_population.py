@@ -175,6 +175,30 @@ def test_lockstep_members_keep_their_own_global_rng_and_sample_together():
     assert threading.active_count() >= 1 and ls.rollout.generate is ls._ORIGINAL_GENERATE  # unpatched after
 
 
+def test_lockstep_samples_an_unbatchable_request_alone_with_its_original_call():
+    """A member whose policy asks for another decoder (or is not a plain native policy) samples alone,
+    through rollout.generate with its own arguments; the others are still batched."""
+    tok = CharTokenizer()
+    ms = _members(3, tok.vocab_size)
+    ms[1].decode_impl = "graph"  # not the default loop: not batchable
+    got: dict[int, object] = {}
+
+    def fn(i):
+        def body():
+            r = _requests([ms[i]], tok, [i])[0]
+            got[i] = ls._generate(r.policy, tok, r.prompt_ids, r.prompt_mask, 5, 1.0, generator=r.generator)
+
+        return body
+
+    pop = Lockstep(3)
+    pop.run([fn(i) for i in range(3)])
+    assert pop.stats == {"batched_calls": 1, "batched_requests": 2, "solo_calls": 1}
+    for i in range(3):
+        r = _requests([ms[i]], tok, [i])[0]
+        alone = generate(r.policy, tok, r.prompt_ids, r.prompt_mask, 5, 1.0, generator=r.generator)
+        assert torch.equal(got[i].ids, alone.ids), i
+
+
 def test_lockstep_failing_member_is_dropped_and_others_finish():
     tok = CharTokenizer()
     ms = _members(2, tok.vocab_size)

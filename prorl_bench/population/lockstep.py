@@ -27,6 +27,7 @@ same step (a resumed population whose members checkpointed at different steps ba
 
 from __future__ import annotations
 
+import inspect
 import random
 import sys
 import threading
@@ -38,10 +39,10 @@ from typing import Any
 import torch
 
 from prorl_bench import rollout
-from prorl_bench.population.model import stackable
 from prorl_bench.population.sampling import SampleRequest, generate_population
 
 _ORIGINAL_GENERATE = rollout.generate
+_GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 _local = threading.local()  # .member: the member index of this thread; .pop: its Lockstep
 
 
@@ -112,7 +113,7 @@ class Lockstep:
             groups: dict[tuple, list[int]] = {}
             for j in live:
                 req = self._requests[j]
-                key = req.signature() if stackable(req.policy) else ("solo", j)
+                key = req.signature() if req.batchable() else ("solo", j)
                 groups.setdefault(key, []).append(j)
             for members in groups.values():
                 self._sample(members)
@@ -153,10 +154,7 @@ class Lockstep:
         for j, r in zip(members, reqs):
             self.stats["solo_calls"] += 1
             try:
-                self._results[j] = _ORIGINAL_GENERATE(
-                    r.policy, r.tok, r.prompt_ids, r.prompt_mask, r.max_new_tokens, r.temperature, r.top_k,
-                    r.generator, r.greedy, r.top_p,
-                )  # fmt: skip
+                self._results[j] = _ORIGINAL_GENERATE(**r.call)
             except Exception as e:
                 self._results[j] = e
 
@@ -187,16 +185,20 @@ class Lockstep:
         return results
 
 
-def _generate(policy, tok, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k=0, generator=None,
-              greedy=False, top_p=1.0):  # fmt: skip
-    """``rollout.generate`` for every caller: a member thread's call goes through its barrier."""
+def _generate(*args, **kwargs):
+    """``rollout.generate`` for every caller: a member thread's call goes through its barrier.
+
+    The arguments are bound to ``rollout.generate``'s own signature, so a keyword it gains later
+    (e.g. a decode implementation) travels with the request and is replayed when it samples alone."""
     pop: Lockstep | None = getattr(_local, "pop", None)
     if pop is None:
-        return _ORIGINAL_GENERATE(
-            policy, tok, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, generator, greedy, top_p
-        )
-    req = SampleRequest(policy, tok, prompt_ids, prompt_mask, max_new_tokens, temperature, top_k, generator, greedy,
-                        top_p)  # fmt: skip
+        return _ORIGINAL_GENERATE(*args, **kwargs)
+    bound = _GENERATE_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    fields = ("policy", "tok", "prompt_ids", "prompt_mask", "max_new_tokens", "temperature", "top_k", "generator",
+              "greedy", "top_p")  # fmt: skip
+    req = SampleRequest(*(a[k] for k in fields), call=dict(a))
     return pop.generate(_local.member, req)
 
 

@@ -19,13 +19,14 @@ uniform draw within ~1e-7 of a CDF boundary (tests/test_population.py measures i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from prorl_bench.guards import NonFiniteError
 from prorl_bench.model import positions
-from prorl_bench.population.model import StackedPolicy
+from prorl_bench.population.model import StackedPolicy, stackable
 from prorl_bench.rollout import _NEG, Rollout, nucleus, policy_logits
 
 
@@ -43,6 +44,21 @@ class SampleRequest:
     generator: torch.Generator | None = None
     greedy: bool = False
     top_p: float = 1.0
+    call: dict[str, Any] = field(default_factory=dict)  # every argument of the original call, by name
+
+    def __post_init__(self) -> None:
+        if not self.call:
+            self.call = {
+                "policy": self.policy, "tok": self.tok, "prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask,
+                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
+                "generator": self.generator, "greedy": self.greedy, "top_p": self.top_p,
+            }  # fmt: skip
+
+    def batchable(self) -> bool:
+        """A plain native policy with the default decode loop (or ``static``, bit-identical to it);
+        anything else (adapters, HF models, a graph decoder) samples alone with its original call."""
+        impl = self.call.get("impl") or getattr(self.policy, "decode_impl", None) or "dynamic"
+        return stackable(self.policy) and impl in ("dynamic", "static")
 
     def signature(self) -> tuple:
         """Requests with equal signatures can be sampled as one batch."""
