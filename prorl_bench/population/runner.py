@@ -146,13 +146,3 @@ def _record_dropped(e: BaseException, run_dir: Path, had_run: bool, size: int) -
     summary = failed_summary(e)
     summary["population"] = {"dropped": True, "size": size, "why": f"{type(e).__name__}: {e}"}
     write_summary(run_dir, summary)
-
-
-def write_population_record(path: Path, jobs: list[MemberJob], results: list[Any], stats: dict[str, int]) -> None:
-    """``population.json``: the members' run directories and outcomes, and the batching counters."""
-    members = [
-        {"run_dir": str(j.run_dir), "seed": j.cfg.seed,
-         "status": r.get("status", "?") if isinstance(r, dict) else f"{type(r).__name__}: {r}"}
-        for j, r in zip(jobs, results)
-    ]  # fmt: skip
-    Path(path).write_text(json.dumps({"size": len(jobs), "members": members, **stats}, indent=2) + "\n")
