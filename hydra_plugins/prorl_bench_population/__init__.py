@@ -1,0 +1,1 @@
+"""``hydra/launcher=population``: a multirun's seeds train as populations (prorl_bench/population)."""

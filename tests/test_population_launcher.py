@@ -1,0 +1,92 @@
+"""``hydra/launcher=population``: grouping, the dry run, and a killed population that resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prorl_bench.trainer import train
+from tests.conftest import FAST, make_config, strip_timing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cmd(sweep_dir: Path, cache: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable, "-m", "prorl_bench.app", "-m", *FAST, *overrides, f"warmup.cache_dir={cache}",
+        "hydra/launcher=population", f"hydra.sweep.dir={sweep_dir}", "hydra.callbacks={}",
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+
+
+def test_dry_run_says_which_jobs_batch_and_why_others_cannot(tmp_path):
+    out = subprocess.run(
+        _cmd(
+            tmp_path / "sw",
+            tmp_path / "cache",
+            "seed=0,1,2",
+            "adapter=none,lora",
+            "hydra.launcher.dry_run=true",
+            "hydra.launcher.size=2",
+        ),  # fmt: skip
+        env=_env(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    pops = [ln for ln in lines if ln.startswith("population of")]
+    solo = [ln for ln in lines if ln.startswith("single job")]
+    # three adapter=none seeds with size 2: populations of 2 and 1 member(s); lora jobs run alone, with the key named
+    assert len(pops) == 1 and all("adapter=none" in ln for ln in pops) and pops[0].count("#") == 2
+    assert sum("adapter=lora: adapters are not batched" in ln for ln in solo) == 3
+    assert any("alone in its group" in ln and "adapter=none" in ln for ln in solo)
+    assert lines[-1] == "1 populations, 4 single jobs"
+    assert not (tmp_path / "sw").exists() or not any((tmp_path / "sw").rglob("metrics.jsonl"))
+
+
+def _metrics(d: Path) -> list[dict]:
+    return strip_timing([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()])
+
+
+@pytest.mark.slow
+def test_population_killed_with_sigkill_resumes_to_the_single_runs(tmp_path):
+    """SIGKILL the whole multirun once a member has checkpointed; the same command resumes every
+    member, and each ends equal (metrics bit for bit) to an uninterrupted single run with its seed."""
+    sweep, cache = tmp_path / "sw", tmp_path / "cache"
+    args = ("seed=0,1", "steps=8", "checkpoint.every=2")
+    proc = subprocess.Popen(_cmd(sweep, cache, *args), env=_env(), cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        while proc.poll() is None and not list(sweep.rglob("checkpoints/*.pt")):
+            try:
+                proc.wait(timeout=0.5)  # readiness marker: a member's first checkpoint
+            except subprocess.TimeoutExpired:
+                pass
+        assert proc.poll() is None, "the population finished before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    runs = sorted(p.parent for p in sweep.rglob("metrics.jsonl"))
+    assert len(runs) == 2 and not all((r / "summary.json").exists() for r in runs)
+    again = subprocess.run(_cmd(sweep, cache, *args), env=_env(), cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed", summary
+        events = [json.loads(x)["event"] for x in (run / "events.jsonl").read_text().splitlines()]
+        seed = int(next(p for p in run.name.split(",") if p.startswith("seed=")).split("=")[1])
+        single = tmp_path / f"single{seed}"
+        train(make_config([*FAST, *[a for a in args if not a.startswith("seed")], f"seed={seed}"]), single, cache)
+        assert _metrics(run) == _metrics(single), run.name
+        assert "resume" in events or events.count("start") == 1
