@@ -953,8 +953,8 @@ class Config:
 MAX_SEED = 2**24
 
 
-
 registry.set_schema(Config)  # aliases.py reads the defaults through the registry (no import cycle)
+
 
 def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
     """No float anywhere in the config may be NaN or infinite."""

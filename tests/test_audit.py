@@ -185,8 +185,6 @@ def test_the_largest_seed_runs(run_exp):
     assert summary["status"] == "completed"
 
 
-
-
 # 15/17. temperature=1e-45 crashed in sampling; 1e30 failed the warm-up with advice about max_steps
 @pytest.mark.parametrize("t", ["1e-45", "1e30", "0"])
 def test_degenerate_temperatures_are_config_errors(t):

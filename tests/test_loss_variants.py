@@ -65,9 +65,7 @@ def test_clip_ratio_c_must_exceed_one_and_dr_grpo_preset_composes():
     assert cfg.algo.advantage == "dr_grpo" and cfg.algo.loss_agg == LossAgg.seq_mean_token_sum_norm
 
 
-@pytest.mark.parametrize(
-    "knobs", [["algo=dr_grpo"], ["algo.clip_ratio_c=3.0"], ["algo.loss_agg=seq_mean_token_sum"]]
-)
+@pytest.mark.parametrize("knobs", [["algo=dr_grpo"], ["algo.clip_ratio_c=3.0"], ["algo.loss_agg=seq_mean_token_sum"]])
 def test_loss_variants_train(run_exp, knobs):
     summary, _ = run_exp(knobs, name="v")
     assert summary["status"] == "completed" and summary["steps_completed"] == 6
