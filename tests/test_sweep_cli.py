@@ -199,7 +199,7 @@ def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
         *FAST, f"steps={steps}", "eval_every=12", "checkpoint.every=2",
     ]  # fmt: skip
     proc = _start(args, tmp_path)
-    root = tmp_path / "outputs" / "sweeps" / "ablation"
+    root = tmp_path / "outputs" / "sweeps" / "ablation" / "explore"  # a study grid: <study>/<block>/<date>
 
     def ready() -> bool:  # readiness markers: job 1's summary, and job 2's second metrics row
         jobs = sorted(root.glob("*/+arm=A1,*"), key=lambda d: "seed=1" in d.name)
