@@ -281,6 +281,10 @@ def split_inconsistent_groups(sweep: Sweep) -> list[str]:
     for label, members in by_label.items():
         configured = [r for r in members if r.config]
         keys = sorted({k for r in configured for k in _settings(r)})
+        # a base per seed ('warmup.seed=${seed}'): the base varies with the seed as the seed does, so runs of
+        # one arm are one group (and pair by seed with the other arms), not one group per base
+        per_seed_base = all(r.config.get("warmup.seed") == r.config.get("seed") for r in configured)
+        keys = [k for k in keys if not (per_seed_base and k == "warmup.seed")]
         differing = [k for k in keys if len({repr(_settings(r).get(k)) for r in configured}) > 1]
         for r in members:
             r.group = label

@@ -329,6 +329,8 @@ def pair_key(run: RunRecord) -> tuple[str, str]:
     cfg = run.config
     shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
     shared.pop("warmup.cache_dir", None)
+    if "warmup.seed" in shared and shared["warmup.seed"] == cfg.get("seed"):
+        shared["warmup.seed"] = "${seed}"  # a base per seed: runs of one seed share it, whatever the seed
     if not any(k.startswith("task.") for k in shared):
         # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
         # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).

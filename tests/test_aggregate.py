@@ -235,6 +235,29 @@ def test_paired_difference_finds_what_an_unpaired_interval_hides(tmp_path):
     assert welch.p > 0.9  # the same data, unpaired
 
 
+def test_a_base_per_seed_neither_splits_groups_nor_unpairs_them(tmp_path):
+    """'warmup.seed=${seed}' (a base per seed, as the routing study runs): warmup.seed differs between
+    the runs of one arm exactly as the seed does, so each arm stays one group, paired by seed with the
+    baseline; a warm-up seed that is not the seed still splits (those runs did not share their base)."""
+    for seed in range(4):
+        for arm, bump in (("A1", 0.0), ("C", 0.01)):
+            write_run(
+                tmp_path / "per_seed", [f"variant={arm}", f"seed={seed}", "warmup.seed=${seed}"],
+                metrics=metric_rows([0.3 + 0.1 * seed + bump] * 10), summary=OK,
+                config=_cfg(seed, warmup={"seed": seed}),
+            )  # fmt: skip
+            write_run(
+                tmp_path / "mixed", [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([0.5] * 10),
+                summary=OK, config=_cfg(seed, warmup={"seed": seed % 2}),
+            )  # fmt: skip
+    res = agg.aggregate(tmp_path / "per_seed", figures=False)
+    assert sorted(res.groups["group"]) == ["A1", "C"]
+    c = res_comparisons(res)[("C", "success_final")]
+    assert c["paired"] and c["n"] == 4 and c["diff"] == pytest.approx(0.01)
+    mixed = agg.aggregate(tmp_path / "mixed", figures=False)
+    assert len(mixed.groups) == 4  # each arm split by its two bases
+
+
 def test_a_failed_baseline_seed_leaves_the_other_pairs_paired(tmp_path):
     """One baseline seed failed: the comparison stays paired over the seeds both arms have (n = 3),
     instead of falling back to Welch over everything."""
