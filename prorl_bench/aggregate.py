@@ -32,7 +32,7 @@ from prorl_bench import stats
 from prorl_bench.metric_catalog import METRIC_NAMES, METRICS
 from prorl_bench.registry import ConfigError
 from prorl_bench.study import REQUIRED_BLOCKS, Endpoint, StudyConfig, study_from_dict
-from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, group_label, load_sweep, pair_key
+from prorl_bench.sweepdir import RunRecord, Sweep, SweepDirError, base_per_seed, group_label, load_sweep, pair_key
 
 OUT_SUBDIR = "aggregate"
 SWEEP_DIR_FILE_ENV = "PRORL_BENCH_SWEEP_DIR_FILE"  # prorl-bench-sweep learns the sweep dir through it
@@ -274,6 +274,7 @@ def split_inconsistent_groups(sweep: Sweep) -> list[str]:
     become separate groups named by the differing keys. Returns one note per split label."""
     notes = []
     by_label: dict[str, list[RunRecord]] = {}
+    per_seed = base_per_seed(sweep.runs)
     own = sweep.label if isinstance(sweep, Sweeps) else {}
     for run in sweep.runs:
         run.group = own.get(id(run), "")
@@ -281,10 +282,8 @@ def split_inconsistent_groups(sweep: Sweep) -> list[str]:
     for label, members in by_label.items():
         configured = [r for r in members if r.config]
         keys = sorted({k for r in configured for k in _settings(r)})
-        # a base per seed ('warmup.seed=${seed}'): the base varies with the seed as the seed does, so runs of
-        # one arm are one group (and pair by seed with the other arms), not one group per base
-        per_seed_base = all(r.config.get("warmup.seed") == r.config.get("seed") for r in configured)
-        keys = [k for k in keys if not (per_seed_base and k == "warmup.seed")]
+        # a base per seed ('warmup.seed=${seed}') varies as the seed does: one group per arm, not per base
+        keys = [k for k in keys if not (per_seed and k == "warmup.seed")]
         differing = [k for k in keys if len({repr(_settings(r).get(k)) for r in configured}) > 1]
         for r in members:
             r.group = label
@@ -383,10 +382,11 @@ def compare_groups(
     metrics.sort(key=lambda m: m not in primary)  # primaries first: never a duplicate of a descriptive cell
     by_dir = {str(r.run_dir): r for r in sweep.runs if r.run_dir}
     rows_of: dict[str, list[tuple[tuple[str, str], dict]]] = {}
+    per_seed = base_per_seed(sweep.runs)
     for _, row in ok.iterrows():
         run = by_dir.get(row["run_dir"])
         if run is not None:
-            rows_of.setdefault(row["group"], []).append((pair_key(run), row.to_dict()))
+            rows_of.setdefault(row["group"], []).append((pair_key(run, per_seed), row.to_dict()))
     base_rows = rows_of.get(baseline, [])
     base = dict(base_rows)
     out = []

@@ -324,15 +324,25 @@ PAIRING_PREFIXES = ("task.", "model.", "warmup.")
 PAIRING_KEYS = ("algo.prompts_per_step", "algo.group_size", "algo.temperature")
 
 
-def pair_key(run: RunRecord) -> tuple[str, str]:
-    """(seed, everything that fixes the base and the prompt stream): equal keys pair."""
+def pair_key(run: RunRecord, base_per_seed: bool = False) -> tuple[str, str]:
+    """(seed, everything that fixes the base and the prompt stream): equal keys pair. ``base_per_seed``:
+    every run of the sweep trains its base with its own seed ('warmup.seed=${seed}'), so the warm-up seed
+    goes with the seed (which the key holds already) and is no setting of its own."""
     cfg = run.config
     shared = {k: v for k, v in cfg.items() if k.startswith(PAIRING_PREFIXES) or k in PAIRING_KEYS}
     shared.pop("warmup.cache_dir", None)
-    if "warmup.seed" in shared and shared["warmup.seed"] == cfg.get("seed"):
-        shared["warmup.seed"] = "${seed}"  # a base per seed: runs of one seed share it, whatever the seed
+    if base_per_seed:
+        shared.pop("warmup.seed", None)
     if not any(k.startswith("task.") for k in shared):
         # No resolved task settings (config_resolved.yaml absent or foreign): that the runs share a
         # base and a prompt stream cannot be checked, so this run pairs with nothing (Welch).
         return run.seed, f"unverifiable:{run.run_dir}"
     return run.seed, repr(sorted(shared.items()))
+
+
+def base_per_seed(runs: list[RunRecord]) -> bool:
+    """Whether every run with a config trained its base with its own seed ('warmup.seed=${seed}'): then the
+    warm-up seed varies exactly as the seed does and neither splits groups nor stops pairing. A fixed
+    warm-up seed (the default) is not: seed 0 with base 0 beside seed 1 with base 0 are ordinary runs."""
+    configured = [r for r in runs if r.config]
+    return bool(configured) and all(r.config.get("warmup.seed") == r.config.get("seed") for r in configured)

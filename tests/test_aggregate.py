@@ -256,6 +256,14 @@ def test_a_base_per_seed_neither_splits_groups_nor_unpairs_them(tmp_path):
     assert c["paired"] and c["n"] == 4 and c["diff"] == pytest.approx(0.01)
     mixed = agg.aggregate(tmp_path / "mixed", figures=False)
     assert len(mixed.groups) == 4  # each arm split by its two bases
+    for seed in range(4):  # the default: one base (warmup.seed 0) for every seed, seed 0 included
+        for arm, bump in (("A1", 0.0), ("C", 0.01)):
+            write_run(
+                tmp_path / "fixed", [f"variant={arm}", f"seed={seed}"], metrics=metric_rows([0.3 + bump] * 10),
+                summary=OK, config=_cfg(seed, warmup={"seed": 0}),
+            )  # fmt: skip
+    fixed = agg.aggregate(tmp_path / "fixed", figures=False)
+    assert sorted(fixed.groups["group"]) == ["A1", "C"] and res_comparisons(fixed)[("C", "success_final")]["paired"]
 
 
 def test_a_failed_baseline_seed_leaves_the_other_pairs_paired(tmp_path):
