@@ -39,7 +39,7 @@ import torch
 
 from prorl_bench.guards import NonFiniteError
 from prorl_bench.model import positions
-from prorl_bench.sampling import _NEG, Rollout, nucleus
+from prorl_bench.sampling import _NEG, Rollout, filter_logits
 
 MAX_DECODERS = 4  # decoders (cache + graph) kept per policy: training, validation sampling, greedy, routing
 
@@ -62,16 +62,6 @@ def sample_exact(probs: torch.Tensor, generator: torch.Generator | None) -> tupl
     bad = ~valid | (probs.sum(-1) == 0).any()
     q = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / q).argmax(-1), bad
-
-
-def filter_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """top-k then top-p filtering of (B, V) sampling logits (the dynamic path's ops, in its order)."""
-    if top_k > 0:
-        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]
-        z = z.masked_fill(z < kth, _NEG)
-    if top_p < 1.0:
-        z = nucleus(z, top_p)
-    return z
 
 
 class StaticDecoder:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from prorl_bench.decode import generate_static, supports_static
-from prorl_bench.guards import NonFiniteError
 from prorl_bench.model import positions
-from prorl_bench.sampling import _NEG, Rollout, nucleus, policy_logits  # noqa: F401 - re-exported
+from prorl_bench.sampling import _NEG, Rollout, draw, filter_logits, nucleus, policy_logits  # noqa: F401 - re-exported
 from prorl_bench.tokenizers import CharTokenizer
 
 DECODE_IMPLS = ("dynamic", "static", "graph")  # generate(impl=...): see generate and decode.py
@@ -73,23 +72,7 @@ def generate(
     banned = _banned(tok)
     for t in range(max_new_tokens):
         z = policy_logits(logits, temperature, banned)
-        if greedy:
-            nxt = z.argmax(-1)
-        else:
-            if top_k > 0:
-                kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[:, -1:]
-                z = z.masked_fill(z < kth, _NEG)
-            if top_p < 1.0:
-                z = nucleus(z, top_p)
-            try:
-                nxt = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
-            except RuntimeError as e:  # torch: "probability tensor contains either inf, nan or element < 0"
-                if torch.isfinite(logits).all():
-                    raise
-                raise NonFiniteError(
-                    f"non-finite policy logits while sampling token {t} (the weights hold NaN/inf, or the "
-                    "temperature over/underflows): the run cannot continue"
-                ) from e
+        nxt = z.argmax(-1) if greedy else draw(filter_logits(z, top_k, top_p), logits, generator, t)
         nxt = torch.where(done, torch.full_like(nxt, tok.PAD), nxt)
         out[:, t] = nxt
         live[:, t] = ~done

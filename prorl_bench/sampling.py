@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prorl_bench.guards import NonFiniteError
+
 _NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
 
 
@@ -55,3 +57,27 @@ def nucleus(z: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = before >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return z.masked_fill(drop, _NEG)
+
+
+def filter_logits(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """top-k then top-p filtering of sampling logits (..., V): what every sampler draws from, in one order."""
+    if top_k > 0:
+        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, _NEG)
+    if top_p < 1.0:
+        z = nucleus(z.reshape(-1, z.shape[-1]), top_p).view_as(z)
+    return z
+
+
+def draw(z: torch.Tensor, logits: torch.Tensor, generator: torch.Generator | None, t: int) -> torch.Tensor:
+    """One token per row from filtered logits z (B, V) with ``torch.multinomial``; non-finite ``logits`` (the
+    policy's, before filtering) become a NonFiniteError naming token ``t`` instead of torch's message."""
+    try:
+        return torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(-1)
+    except RuntimeError as e:  # torch: "probability tensor contains either inf, nan or element < 0"
+        if torch.isfinite(logits).all():
+            raise
+        raise NonFiniteError(
+            f"non-finite policy logits while sampling token {t} (the weights hold NaN/inf, or the "
+            "temperature over/underflows): the run cannot continue"
+        ) from e

@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 
-from prorl_bench.guards import NonFiniteError
 from prorl_bench.model import positions
 from prorl_bench.population.model import StackedPolicy, stackable
-from prorl_bench.rollout import _NEG, Rollout, nucleus, policy_logits
+from prorl_bench.sampling import Rollout, draw, filter_logits, policy_logits
 
 
 @dataclass
@@ -79,19 +78,6 @@ def _left_pad(ids: torch.Tensor, mask: torch.Tensor, width: int, pad: int) -> tu
     )
 
 
-def _draw(z: torch.Tensor, logits: torch.Tensor, gen: torch.Generator | None, t: int) -> torch.Tensor:
-    """One member's draw from its filtered logits z (B, V), as ``rollout.generate`` draws it."""
-    try:
-        return torch.multinomial(torch.softmax(z, -1), 1, generator=gen).squeeze(-1)
-    except RuntimeError as e:
-        if torch.isfinite(logits).all():
-            raise
-        raise NonFiniteError(
-            f"non-finite policy logits while sampling token {t} (the weights hold NaN/inf, or the "
-            "temperature over/underflows): the run cannot continue"
-        ) from e
-
-
 @torch.no_grad()
 def generate_population(requests: list[SampleRequest]) -> list[Rollout]:
     """The Rollout each request's own ``generate`` call returns, sampled as one (S, B) batch.
@@ -121,15 +107,11 @@ def generate_population(requests: list[SampleRequest]) -> list[Rollout]:
     for t in range(n_new):
         z = policy_logits(logits, first.temperature, banned)  # (S, B, V)
         if not first.greedy:
-            if first.top_k > 0:
-                kth = torch.topk(z, min(first.top_k, z.shape[-1]), dim=-1).values[..., -1:]
-                z = z.masked_fill(z < kth, _NEG)
-            if first.top_p < 1.0:
-                z = nucleus(z.view(s * b, -1), first.top_p).view_as(z)
+            z = filter_logits(z, first.top_k, first.top_p)
         nxt = torch.full((s, b), tok.PAD, dtype=torch.long, device=device)
         for i, r in enumerate(requests):
             if stopped[i] is None:
-                nxt[i] = z[i].argmax(-1) if first.greedy else _draw(z[i], logits[i], r.generator, t)
+                nxt[i] = z[i].argmax(-1) if first.greedy else draw(z[i], logits[i], r.generator, t)
         nxt = torch.where(done, torch.full_like(nxt, tok.PAD), nxt)
         out[:, :, t] = nxt
         live[:, :, t] = ~done
