@@ -126,7 +126,9 @@ PROBLEMS = {name: _task_and_problem(name) for name in TASKS.names()}  # reasonin
 def test_verifiers_accept_any_completion(completion, name):
     task, problem = PROBLEMS[name]
     reward, success = task.score(completion, problem)
-    assert 0.0 <= reward <= 1.0 and success == (reward >= 1.0)
+    bonus = getattr(task, "hack_bonus", 0.0)  # hack tasks pay a bonus on top of (or instead of) the task
+    assert 0.0 <= reward <= 1.0 + bonus
+    assert success == (reward >= 1.0) if bonus == 0 else (not success or reward >= 1.0)
     assert 0.0 <= partial_reward(completion, problem.target) <= 1.0
 
 
