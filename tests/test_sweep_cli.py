@@ -215,7 +215,9 @@ def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
     assert f"\n    prorl-bench-sweep --resume {sweep_dir}\n" in err  # the exact command, on a line of its own
     # progress lines as jobs start and end; the last one (printed when the sweep ends) has the final counts
     assert "[prorl-bench-sweep] 0/4 done, " in err
-    assert "[prorl-bench-sweep] 1/4 done, 3 preempted; " in err  # the 2 unstarted jobs say "preempted"
+    # the last line's other counts race with the jobs' final writes (seen once in a fresh-clone CI run:
+    # not "3 preempted"); the statuses themselves are read from the summaries below
+    assert "[prorl-bench-sweep] 1/4 done" in err
     before = {d.name: (json.loads((d / "summary.json").read_text()), _files(d)) for d in sweep_dir.glob("+arm=*")}
     status = sorted((s["status"], s["steps_completed"]) for s, _ in before.values())
     assert status[-1] == ("preempted", status[-1][1]) and 2 <= status[-1][1] < steps
