@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from prorl_bench.code_task import CodeTask
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
-from prorl_bench.sandbox import isolation_level
+from prorl_bench.tasks.code_task import CodeTask
+from prorl_bench.tasks.sandbox import isolation_level
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,11 +33,17 @@ def old_task_class(rev: str) -> type:
     tmp = Path(tempfile.mkdtemp(prefix="bench_code_task_"))
 
     def show(path: str) -> str:
-        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True,
-                              text=True).stdout  # fmt: skip
+        """``path`` at ``rev``: under prorl_bench/tasks/ since the subpackage layout, at the top before it."""
+        for candidate in (f"prorl_bench/tasks/{path}", f"prorl_bench/{path}"):
+            done = subprocess.run(["git", "show", f"{rev}:{candidate}"], cwd=ROOT, capture_output=True, text=True)
+            if done.returncode == 0:
+                return done.stdout
+        raise FileNotFoundError(f"{path} not found at {rev}")
 
-    (tmp / "old_sandbox.py").write_text(show("prorl_bench/sandbox.py"))
-    code = show("prorl_bench/code_task.py").replace("from prorl_bench.sandbox import", "from old_sandbox import")
+    (tmp / "old_sandbox.py").write_text(show("sandbox.py"))
+    code = show("code_task.py")
+    for old_import in ("from prorl_bench.tasks.sandbox import", "from prorl_bench.sandbox import"):
+        code = code.replace(old_import, "from old_sandbox import")
     (tmp / "old_code_task.py").write_text(code.replace('@TASKS.register("code")', ""))
     sys.path.insert(0, str(tmp))
     spec = importlib.util.spec_from_file_location("old_code_task", tmp / "old_code_task.py")

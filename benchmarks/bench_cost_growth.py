@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from prorl_bench.config import AlgoConfig, Config, HardwareConfig, ModelConfig, TaskConfig, WarmupConfig
-from prorl_bench.trainer import train
+from prorl_bench.run.trainer import train
 
 STAGES = ("rollout", "old_logprob", "ref_logprob", "update")
 
@@ -36,7 +36,7 @@ def point(digits: int = 6, prompts: int = 8, width: int = 128, steps: int = 6, t
     )
     with tempfile.TemporaryDirectory() as d:
         train(cfg, Path(d) / "run", Path(d) / "cache", threads=threads)
-        from prorl_bench.outputs import read_jsonl
+        from prorl_bench.run.outputs import read_jsonl
 
         rows = read_jsonl(Path(d) / "run" / "metrics.jsonl")[1:]
     step = statistics.median(r["time/step"] for r in rows)

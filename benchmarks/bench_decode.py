@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from prorl_bench.config import ModelConfig
-from prorl_bench.model import TransformerPolicy
-from prorl_bench.rollout import generate
-from prorl_bench.tokenizers import CharTokenizer
+from prorl_bench.models.model import TransformerPolicy
+from prorl_bench.models.rollout import generate
+from prorl_bench.models.tokenizers import CharTokenizer
 
 
 def sdpa_padding_differences(trials: int = 200, seed: int = 0) -> int:

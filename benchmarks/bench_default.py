@@ -16,11 +16,11 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from prorl_bench.accounting import STAGES, measured_matmul_peak
-from prorl_bench.app import CONF_DIR
+from prorl_bench.cli.app import CONF_DIR
 from prorl_bench.config import register_configs, to_config
-from prorl_bench.outputs import read_jsonl
-from prorl_bench.trainer import train
+from prorl_bench.run.accounting import STAGES, measured_matmul_peak
+from prorl_bench.run.outputs import read_jsonl
+from prorl_bench.run.trainer import train
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_impl.py --threads 2 --repeats 15
 
-For each model size (a locally built random LLaMA checkpoint, ``prorl_bench/tiny_hf.py``) both
+For each model size (a locally built random LLaMA checkpoint, ``prorl_bench/models/tiny_hf.py``) both
 implementations are loaded from the same directory and timed alternately on the same inputs, so
 background load hits both alike (separate processes, as in ``bench_vs_trl.py``, differ by more than
 the effect: the measured matmul peak itself varied 15% between processes). Timed, per call:
@@ -36,8 +36,8 @@ def _timed(fn) -> float:
 
 def bench(model_dir: str, repeats: int) -> dict[str, dict[str, float]]:
     from prorl_bench.config import HFImpl, ModelConfig, ModelKind
-    from prorl_bench.hf_model import load_policy
-    from prorl_bench.model import positions
+    from prorl_bench.models.hf_model import load_policy
+    from prorl_bench.models.model import positions
 
     cpu = torch.device("cpu")
     policies = {
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from prorl_bench.tiny_hf import build_tiny_llama
+    from prorl_bench.models.tiny_hf import build_tiny_llama
 
     print(f"threads={a.threads}, repeats={a.repeats} (median ms per call; ratio fast/hf < 1: fast is faster)")
     print(f"{'model':8s} {'call':7s} {'hf ms':>9s} {'fast ms':>9s} {'fast/hf':>8s}")

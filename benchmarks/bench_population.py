@@ -42,7 +42,7 @@ STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", 
 
 
 def _run(args: list[str], sweep: Path, cache: Path) -> float:
-    cmd = [sys.executable, "-m", "prorl_bench.app", "-m", *args, f"warmup.cache_dir={cache}",
+    cmd = [sys.executable, "-m", "prorl_bench.cli.app", "-m", *args, f"warmup.cache_dir={cache}",
            f"hydra.sweep.dir={sweep}", "hydra.callbacks={}", "progress=false"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
@@ -72,7 +72,7 @@ def _collect(sweep: Path, per_process: int) -> dict[str, float]:
 def throughput(sizes: list[int], models: list[str], steps: int, extra: list[str]) -> None:
     import torch
 
-    from prorl_bench.accounting import measured_matmul_peak
+    from prorl_bench.run.accounting import measured_matmul_peak
 
     torch.set_num_threads(1)
     peak = measured_matmul_peak(torch.device("cpu"), torch.float32)
@@ -129,8 +129,8 @@ def in_process(sizes: list[int], steps: int, extra: list[str], model: str) -> No
 
     from prorl_bench.config import register_configs, to_config
     from prorl_bench.population.runner import MemberJob, run_population
+    from prorl_bench.run.trainer import train
     from prorl_bench.searchpath import CONF_DIR
-    from prorl_bench.trainer import train
 
     torch.set_num_threads(1)
     register_configs()
@@ -197,7 +197,7 @@ def _design_row(s: int, b: int = 64, t: int = 16, p: int = 7, n_new: int = 7) ->
     from torch.func import functional_call, stack_module_state, vmap
 
     from prorl_bench.config import ModelConfig
-    from prorl_bench.model import TransformerPolicy, positions
+    from prorl_bench.models.model import TransformerPolicy, positions
     from prorl_bench.population.model import StackedPolicy
 
     members = []

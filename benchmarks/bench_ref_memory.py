@@ -25,9 +25,9 @@ def one(args) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from prorl_bench.app import CONF_DIR
+    from prorl_bench.cli.app import CONF_DIR
     from prorl_bench.config import to_config
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(
@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.side:
         return one(args)
-    from prorl_bench.tiny_hf import build_tiny_llama
+    from prorl_bench.models.tiny_hf import build_tiny_llama
 
     with tempfile.TemporaryDirectory() as d:
         heads = max(1, args.hidden // 64)

@@ -20,8 +20,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from prorl_bench.config import register_configs, to_config
+from prorl_bench.run.trainer import train
 from prorl_bench.searchpath import CONF_DIR
-from prorl_bench.trainer import train
 
 ARMS = {"none": ["detector=none"], "reward_field": ["detector=reward_field"],
         "split": ["detector=reward_field", "route.advantages=split"]}  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from prorl_bench.sandbox import SandboxLimits, isolation, run_many
+from prorl_bench.tasks.sandbox import SandboxLimits, isolation, run_many
 
 
 def throughput(workers: int) -> None:
@@ -28,8 +28,8 @@ def throughput(workers: int) -> None:
 
 
 def attacks() -> None:
-    from prorl_bench.code_task import CodeTask
     from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
+    from prorl_bench.tasks.code_task import CodeTask
     from tests.test_sandbox_hostile import FORGE, GCD, READ_DATASET, UID, _peak_rss_growth, fenced, sample_processes
 
     task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, code=CodeTaskConfig(timeout_s=2.0, workers=1)))

@@ -91,7 +91,7 @@ def padded_tokenizer(vocab_size: int | None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from prorl_bench.tiny_hf import SPECIALS
+    from prorl_bench.models.tiny_hf import SPECIALS
 
     chars = [chr(c) for c in range(33, 127)]
     vocab_list = list(SPECIALS) + chars + [f"##{c}" for c in chars]
@@ -293,8 +293,6 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
               size: str = "tiny", profile: bool = False, settings: dict[str, str] | None = None) -> dict:  # fmt: skip
     import torch
 
-    from prorl_bench import outputs
-    from prorl_bench.accounting import measured_matmul_peak
     from prorl_bench.config import (
         AdamWImpl,
         AlgoConfig,
@@ -310,7 +308,9 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         UpdateNormMode,
         WarmupConfig,
     )
-    from prorl_bench.trainer import train
+    from prorl_bench.run import outputs
+    from prorl_bench.run.accounting import measured_matmul_peak
+    from prorl_bench.run.trainer import train
 
     settings = settings or {}
     torch.set_num_threads(threads)

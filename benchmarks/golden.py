@@ -76,10 +76,16 @@ def _timeless(row: dict[str, Any]) -> dict[str, Any]:
 def run_all(out: Path, cache: Path, names: list[str]) -> None:
     from hydra import compose, initialize_config_dir
 
-    from prorl_bench.app import CONF_DIR
     from prorl_bench.config import register_configs, to_config
-    from prorl_bench.outputs import read_jsonl
-    from prorl_bench.trainer import train
+
+    try:  # the subpackage layout; checkouts before it had every module at the top of prorl_bench/
+        from prorl_bench.cli.app import CONF_DIR
+        from prorl_bench.run.outputs import read_jsonl
+        from prorl_bench.run.trainer import train
+    except ImportError:
+        from prorl_bench.app import CONF_DIR
+        from prorl_bench.outputs import read_jsonl
+        from prorl_bench.trainer import train
 
     register_configs()
     dump: dict[str, Any] = {}

@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 from scipy import stats as sps
 
-from prorl_bench import stats
+from prorl_bench.sweeps import stats
 
 # name -> (sampler(rng, shape), true mean, skewness)
 DISTRIBUTIONS = {

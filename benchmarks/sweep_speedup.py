@@ -36,7 +36,7 @@ def machine_busy_s() -> float:
 def timed(args: list[str]) -> dict[str, float]:
     """Wall seconds of ``prorl-bench ARGS``, its CPU seconds, and CPU seconds used by everything else."""
     ru0, busy0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s(), time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "prorl_bench.app", *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "prorl_bench.cli.app", *args], capture_output=True, text=True)
     wall = time.perf_counter() - t0
     ru1, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
     if proc.returncode != 0:

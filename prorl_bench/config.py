@@ -26,10 +26,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import registry
-from prorl_bench.chat_template import resolve_chat_template
+from prorl_bench.models.chat_template import resolve_chat_template
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import register_resolvers
-from prorl_bench.study import StudyConfig
+from prorl_bench.sweeps.study import StudyConfig
 
 __all__ = ["ConfigError", "Config", "to_config", "register_configs"]
 
@@ -82,7 +82,7 @@ class KLControlKind(str, Enum):
 class AdapterKind(str, Enum):
     none = "none"
     lora = "lora"
-    dual_lora = "dual_lora"  # retain + forget adapters for gradient routing (prorl_bench/dual_lora.py)
+    dual_lora = "dual_lora"  # retain + forget adapters for gradient routing (prorl_bench/models/dual_lora.py)
 
 
 class AdapterReferenceKind(str, Enum):
@@ -108,14 +108,14 @@ class NonFinitePolicy(str, Enum):
 
 
 class ModelKind(str, Enum):
-    native = "native"  # prorl_bench.model.TransformerPolicy over the character tokenizer
+    native = "native"  # prorl_bench.models.model.TransformerPolicy over the character tokenizer
     hf_causal_lm = "hf_causal_lm"  # any local Hugging Face causal-LM directory (model.path)
 
 
 class HFImpl(str, Enum):
     auto = "auto"  # measured: "fast" on CUDA, "hf" on CPU; LoRA targets' names can force either (hf_model._auto_impl)
     hf = "hf"  # the transformers module's own forward (any architecture)
-    fast = "fast"  # prorl_bench.fast_llama: same weights, fused forward without HF's per-call overhead
+    fast = "fast"  # prorl_bench.models.fast_llama: same weights, fused forward without HF's per-call overhead
 
 
 class PromptStyle(str, Enum):
@@ -137,21 +137,21 @@ class DType(str, Enum):
     bf16 = "bf16"
 
 
-class DecodeImpl(str, Enum):  # hardware.decode (prorl_bench/decode.py; docs/performance.md "GPU path")
+class DecodeImpl(str, Enum):  # hardware.decode (prorl_bench/models/decode.py; docs/performance.md "GPU path")
     auto = "auto"  # graph on CUDA, static on CPU (measured as fast or faster); dynamic for HF-module policies
     dynamic = "dynamic"  # rollout.generate's loop: attention over the filled prefix, a stop check per token on CPU
     static = "static"  # preallocated buffers, no host sync per token; bit-identical to dynamic
     graph = "graph"  # static shapes (whole-buffer attention), the step captured as a CUDA graph on CUDA
 
 
-class UpdateNormMode(str, Enum):  # hardware.update_norm (prorl_bench/optim.py)
+class UpdateNormMode(str, Enum):  # hardware.update_norm (prorl_bench/rl/optim.py)
     auto = "auto"  # device on CPU, host on CUDA (the GPU memory of a weight copy is the scarce one)
     device = "device"  # copy the trainable weights on their device before the update (exact)
     host = "host"  # copy them to host memory, compare tensor by tensor after the update (exact, same value)
     off = "off"  # no copy; update_norm is logged as NaN
 
 
-class AdamWImpl(str, Enum):  # algo.adamw_impl (prorl_bench/optim.py)
+class AdamWImpl(str, Enum):  # algo.adamw_impl (prorl_bench/rl/optim.py)
     auto = "auto"  # fused on CUDA; foreach on CPU (keeps CPU trajectories bit-identical to earlier releases)
     foreach = "foreach"  # torch's multi-tensor AdamW
     fused = "fused"  # torch's fused AdamW kernel (CUDA; CPU too since torch 2.4)
@@ -200,7 +200,7 @@ class ReasoningGymConfig:
 
 @dataclass
 class CodeTaskConfig:
-    """``task=code``: Python functions checked by unit tests in the sandbox (prorl_bench/code_task.py)."""
+    """``task=code``: Python functions checked by unit tests in the sandbox (prorl_bench/tasks/code_task.py)."""
 
     path: str | None = None  # training problems (JSONL, schema in code_task.py); null = the shipped set
     val_path: str | None = None  # held-out problems (ids disjoint from path's); null = the shipped set
@@ -314,7 +314,7 @@ VARIANT_PRESETS = {
 
 @dataclass
 class KLConfig:
-    """Per-token KL estimator; see prorl_bench/kl.py for the formulas."""
+    """Per-token KL estimator; see prorl_bench/rl/kl.py for the formulas."""
 
     name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS; kl.py has the built-ins)
     params: dict[str, Any] = field(default_factory=dict)  # the estimator's own parameters (checked by it)
@@ -338,7 +338,7 @@ class KLConfig:
         )
 
 
-POSITIONS = ("learned", "answer", "rope")  # model.positions (prorl_bench/model.py says why each)
+POSITIONS = ("learned", "answer", "rope")  # model.positions (prorl_bench/models/model.py says why each)
 
 
 @dataclass
@@ -598,12 +598,12 @@ class AdapterConfig:
 
 @dataclass
 class DetectorConfig:
-    """Gradient routing's detector (prorl_bench/detectors.py): labels each sampled completion as
+    """Gradient routing's detector (prorl_bench/tasks/detectors.py): labels each sampled completion as
     showing the unwanted behaviour or not. Labelled samples train only the forget adapter."""
 
     name: str = "none"  # a registered detector (registry.DETECTORS): none | pattern | reward_field
     params: dict[str, Any] = field(default_factory=dict)  # the detector's parameters (checked by it)
-    # Partial oversight (prorl_bench/detectors.py Oversight; docs/routing.md): the labels the run sees
+    # Partial oversight (prorl_bench/tasks/detectors.py Oversight; docs/routing.md): the labels the run sees
     recall: float = 1.0  # share of the detector's positives reported (misses: a seeded stream, same in every arm)
     false_positive_rate: float = 0.0  # share of the detector's negatives reported anyway (same stream)
     miss_pattern: str | None = None  # a systematic blind spot: completions matching this regex are never reported
@@ -650,7 +650,7 @@ class RouteAdvantages(str, Enum):
 
 @dataclass
 class RouteConfig:
-    """How a run uses its detector's labels (only with a detector; prorl_bench/routing.py)."""
+    """How a run uses its detector's labels (only with a detector; prorl_bench/run/routing.py)."""
 
     use: RouteUse = RouteUse.route  # route | filter | penalize | observe
     # group | split: split normalises unlabelled rows within the unlabelled subset of their group
@@ -777,14 +777,14 @@ class WarmupConfig:
 
 @dataclass
 class ExportConfig:
-    """``at_end``: export the final policy to ``<run_dir>/export`` (format: prorl_bench/export.py)."""
+    """``at_end``: export the final policy to ``<run_dir>/export`` (format: prorl_bench/cli/export.py)."""
 
     at_end: bool = False  # export the final policy to <run_dir>/export
 
 
 @dataclass
 class TrackingConfig:
-    """Optional sinks beside the JSONL files (see prorl_bench/sinks.py); both need an extra."""
+    """Optional sinks beside the JSONL files (see prorl_bench/run/sinks.py); both need an extra."""
 
     tensorboard: bool = False  # scalars under RUN_DIR/tensorboard
     wandb: bool = False  # Weights & Biases, always offline (files under RUN_DIR/wandb)
@@ -1035,7 +1035,7 @@ def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
 def _suggest(path: str, value: Any = None) -> str:
     import difflib
 
-    from prorl_bench.aliases import translate  # TRL / verl names: one table, also used before Hydra
+    from prorl_bench.cli.aliases import translate  # TRL / verl names: one table, also used before Hydra
 
     hint = translate(path, str(value), {}, frozenset(f.name for f in fields(Config)))
     if hint is not None:

@@ -176,17 +176,17 @@ def require(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 # Modules whose import registers the built-in options.
 BUILTIN_MODULES = (
-    "prorl_bench.advantages",
-    "prorl_bench.kl",
-    "prorl_bench.tasks",
-    "prorl_bench.reasoning_gym_task",
-    "prorl_bench.math_jsonl_task",
-    "prorl_bench.code_task",
-    "prorl_bench.resets",
-    "prorl_bench.opt_state",
-    "prorl_bench.reference",
-    "prorl_bench.detectors",
-    "prorl_bench.hack_task",
+    "prorl_bench.rl.advantages",
+    "prorl_bench.rl.kl",
+    "prorl_bench.tasks.base",
+    "prorl_bench.tasks.reasoning_gym_task",
+    "prorl_bench.tasks.math_jsonl_task",
+    "prorl_bench.tasks.code_task",
+    "prorl_bench.rl.resets",
+    "prorl_bench.rl.opt_state",
+    "prorl_bench.rl.reference",
+    "prorl_bench.tasks.detectors",
+    "prorl_bench.tasks.hack_task",
 )
 _SCHEMA: list[type] = []  # the config schema (config.Config), set by config.py: read without importing it
 

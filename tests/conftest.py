@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from prorl_bench.app import CONF_DIR
+from prorl_bench.cli.app import CONF_DIR
 from prorl_bench.config import Config, register_configs, to_config
 
 register_configs()
@@ -52,7 +52,7 @@ def base_cache(tmp_path_factory) -> Path:
 @pytest.fixture
 def run_exp(tmp_path, base_cache):
     """run_exp(overrides, name) -> (summary, run_dir): a real training run through trainer.train."""
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     def _run(overrides: list[str], name: str = "run"):
         cfg = make_config(FAST + list(overrides))
@@ -64,14 +64,14 @@ def run_exp(tmp_path, base_cache):
 
 # --------------------------------------------------------------------------- tiny local HF checkpoints
 # Nothing is downloaded: a LLaMA-architecture model with random weights and a char WordPiece
-# tokenizer are built in a temp dir once per session (prorl_bench/tiny_hf.py).
+# tokenizer are built in a temp dir once per session (prorl_bench/models/tiny_hf.py).
 
 
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory) -> Path:
     """A ~60k-parameter LLaMA (grouped-query attention) whose tokenizer has *no* pad token."""
     pytest.importorskip("transformers")
-    from prorl_bench.tiny_hf import build_tiny_llama
+    from prorl_bench.models.tiny_hf import build_tiny_llama
 
     return build_tiny_llama(
         tmp_path_factory.mktemp("hf") / "nopad", hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, with_pad=False
@@ -82,6 +82,6 @@ def tiny_hf_dir(tmp_path_factory) -> Path:
 def tiny_hf_dir_pad(tmp_path_factory) -> Path:
     """As tiny_hf_dir, with a dedicated pad token and full multi-head attention."""
     pytest.importorskip("transformers")
-    from prorl_bench.tiny_hf import build_tiny_llama
+    from prorl_bench.models.tiny_hf import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("hf") / "pad", hidden_size=32, n_layers=2, n_heads=4, with_pad=True)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from prorl_bench.config import ModelConfig
-from prorl_bench.lora import attach_lora, grow_rank
-from prorl_bench.model import TransformerPolicy
-from prorl_bench.reference import AdapterReference, frozen_copy
-from prorl_bench.resets import reset_reference
+from prorl_bench.models.lora import attach_lora, grow_rank
+from prorl_bench.models.model import TransformerPolicy
+from prorl_bench.rl.reference import AdapterReference, frozen_copy
+from prorl_bench.rl.resets import reset_reference
 
 from .conftest import strip_timing
 
@@ -120,7 +120,7 @@ def test_adapter_reference_resumes_identically(run_exp, tmp_path):
 @pytest.mark.parametrize("impl", ["fast", "hf"])
 def test_hf_trajectories_equal_the_deep_copy_reference(impl, tiny_hf_dir, tmp_path):
     pytest.importorskip("transformers")
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     from .conftest import make_config
     from .test_hf_variants import _hf_small

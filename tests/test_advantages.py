@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from prorl_bench.advantages import compute_advantages, informative_groups
 from prorl_bench.registry import ADVANTAGES
+from prorl_bench.rl.advantages import compute_advantages, informative_groups
 
 R = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
 

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from prorl_bench import aggregate as agg
-from prorl_bench.sweepdir import SweepDirError, load_sweep
+from prorl_bench.sweeps import aggregate as agg
+from prorl_bench.sweeps.sweepdir import SweepDirError, load_sweep
 
 from .sweep_factory import metric_rows, write_multirun_yaml, write_run
 
@@ -501,7 +501,7 @@ def test_no_after_resets_table_without_events():
     """Groups without a completed run have NaN event counts: no "After resets" table of dashes."""
     import pandas as pd
 
-    from prorl_bench.aggregate import event_markdown
+    from prorl_bench.sweeps.aggregate import event_markdown
 
     nan = float("nan")
     groups = pd.DataFrame([{"group": "A1", "n_resets_mean": 0.0, "n_growths_mean": 0.0},

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prorl_bench.config import ConfigError
-from prorl_bench.tiny_hf import FAMILIES, build_tiny
+from prorl_bench.models.tiny_hf import FAMILIES, build_tiny
 
 from .conftest import make_config, strip_timing
 
@@ -51,9 +51,9 @@ def test_family_runs_c_with_reset_and_lora_growth_resumes_and_exports(family, ch
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from prorl_bench.export import PEFT_DIR, export_policy, load_run
-    from prorl_bench.lora import lora_layers
-    from prorl_bench.trainer import train
+    from prorl_bench.cli.export import PEFT_DIR, export_policy, load_run
+    from prorl_bench.models.lora import lora_layers
+    from prorl_bench.run.trainer import train
 
     over = [*COMMON, f"model.path={checkpoints[family]}", f"adapter.targets={TARGETS[family]}"]
     full = train(make_config([*over, "steps=4"]), tmp_path / "full", tmp_path / "cache")
@@ -89,7 +89,7 @@ def test_family_runs_c_with_reset_and_lora_growth_resumes_and_exports(family, ch
 
 
 def test_a_target_that_is_not_linear_fails_clearly_naming_it(checkpoints, tmp_path):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     cfg = make_config([*COMMON, f"model.path={checkpoints['gpt2']}", "adapter.targets=[wte]", "steps=1"])
     with pytest.raises(ConfigError, match=r"adapter.targets.*wte \(Embedding\).*nn.Linear / Conv1D only"):
@@ -99,7 +99,7 @@ def test_a_target_that_is_not_linear_fails_clearly_naming_it(checkpoints, tmp_pa
 @pytest.mark.parametrize("family", ["gemma", "qwen3", "phi3", "gpt_neox", "gpt2"])
 def test_fast_path_on_another_family_fails_naming_it(family, checkpoints):
     from prorl_bench.config import HFImpl, ModelConfig, ModelKind
-    from prorl_bench.hf_model import load_policy
+    from prorl_bench.models.hf_model import load_policy
 
     model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(checkpoints[family]), impl=HFImpl.fast)
     with pytest.raises(ValueError, match=f"fast LLaMA path cannot run.*model_type '{family}'.*model.impl=hf"):
@@ -107,7 +107,7 @@ def test_fast_path_on_another_family_fails_naming_it(family, checkpoints):
 
 
 def test_gpt2_runs_without_adapters(checkpoints, tmp_path):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     over = [o for o in COMMON if not o.startswith(("adapter", "growth"))]
     summary = train(make_config([*over, f"model.path={checkpoints['gpt2']}", "steps=2"]), tmp_path / "r", tmp_path)
@@ -118,8 +118,8 @@ def test_gpt2_all_linear_wraps_its_conv1d_layers_with_the_base_function(checkpoi
     """PEFT's all-linear on GPT-2 means its Conv1D layers (not the head); the adapter computes
     x A^T B^T on the Conv1D's (in, out) weight, so shapes follow in/out, not weight.shape."""
     from prorl_bench.config import HFImpl, ModelConfig, ModelKind
-    from prorl_bench.hf_model import load_policy
-    from prorl_bench.lora import attach_lora, lora_layers
+    from prorl_bench.models.hf_model import load_policy
+    from prorl_bench.models.lora import attach_lora, lora_layers
 
     model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(checkpoints["gpt2"]), impl=HFImpl.auto)
     policy = load_policy(model, torch.device("cpu"), ["all-linear"]).eval()
@@ -136,8 +136,8 @@ def test_gpt2_all_linear_wraps_its_conv1d_layers_with_the_base_function(checkpoi
 
 
 def test_all_linear_wraps_every_linear_but_the_head():
-    from prorl_bench.lora import attach_lora, lora_layers
-    from prorl_bench.model import TransformerPolicy
+    from prorl_bench.models.lora import attach_lora, lora_layers
+    from prorl_bench.models.model import TransformerPolicy
 
     cfg = make_config([])
     policy = TransformerPolicy(cfg.model, 100)
@@ -160,9 +160,9 @@ def test_peft_adapter_export_reloads_with_equal_logits_after_growth(family, targ
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from prorl_bench.export import PEFT_DIR, export_policy
-    from prorl_bench.hf_model import load_policy, load_tokenizer
-    from prorl_bench.lora import attach_lora, grow_rank, lora_layers
+    from prorl_bench.cli.export import PEFT_DIR, export_policy
+    from prorl_bench.models.hf_model import load_policy, load_tokenizer
+    from prorl_bench.models.lora import attach_lora, grow_rank, lora_layers
 
     cfg = make_config([*COMMON, f"model.path={checkpoints[family]}", f"adapter.targets={targets}"])
     policy = load_policy(cfg.model, torch.device("cpu"), list(cfg.adapter.targets))

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from prorl_bench.advantages import compute_advantages
-from prorl_bench.checkpoint import CorruptFileError, load_verified, save_verified
 from prorl_bench.config import ConfigError
-from prorl_bench.guards import Preempted
-from prorl_bench.outputs import read_jsonl
+from prorl_bench.rl.advantages import compute_advantages
+from prorl_bench.run.checkpoint import CorruptFileError, load_verified, save_verified
+from prorl_bench.run.guards import Preempted
+from prorl_bench.run.outputs import read_jsonl
 
 from .conftest import FAST, make_config, strip_timing
 
@@ -112,7 +112,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(run_exp):
 
 
 def test_a_damaged_base_cache_is_named_set_aside_and_retrained(tmp_path):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     cfg = make_config(FAST + ["steps=2"])
     cache = tmp_path / "cache"
@@ -138,7 +138,7 @@ def test_all_equal_groups_get_exactly_zero_advantage(name):
 
 # 9. resuming on another thread count silently changed the floats
 def test_resume_with_another_thread_count_is_refused(run_exp, base_cache):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     _, d = run_exp(["hardware.torch_threads=1"], name="t")
     with pytest.raises(ConfigError, match="hardware.torch_threads: 1 -> 2"):
@@ -194,7 +194,7 @@ def test_degenerate_temperatures_are_config_errors(t):
 
 # 5. deleted metrics rows stayed deleted under a "completed" summary
 def test_resume_repairs_lost_rows_and_the_aggregator_flags_short_logs(run_exp, tmp_path):
-    from prorl_bench.sweepdir import load_run
+    from prorl_bench.sweeps.sweepdir import load_run
 
     knobs = ["checkpoint.every=3"]
     _, full = run_exp(knobs, name="full")
@@ -234,8 +234,8 @@ def test_rerunning_a_finished_run_changes_nothing_and_wall_time_adds_up(run_exp)
 #     failed in torch's sampler with "probability tensor contains inf"
 @pytest.mark.parametrize("policy", ["fail", "skip_batch"])
 def test_nonfinite_weights_after_the_step_stop_the_run_with_a_named_error(run_exp, monkeypatch, policy):
-    from prorl_bench import trainer
-    from prorl_bench.guards import NonFiniteError
+    from prorl_bench.run import trainer
+    from prorl_bench.run.guards import NonFiniteError
 
     real_build = trainer.build_optimizer
 
@@ -259,10 +259,10 @@ def test_nonfinite_weights_after_the_step_stop_the_run_with_a_named_error(run_ex
 
 def test_sampling_from_nan_weights_names_the_cause():
     from prorl_bench.config import ModelConfig
-    from prorl_bench.guards import NonFiniteError
-    from prorl_bench.model import TransformerPolicy
-    from prorl_bench.rollout import generate
-    from prorl_bench.tasks import CharTokenizer
+    from prorl_bench.models.model import TransformerPolicy
+    from prorl_bench.models.rollout import generate
+    from prorl_bench.run.guards import NonFiniteError
+    from prorl_bench.tasks.base import CharTokenizer
 
     tok = CharTokenizer()
     pol = TransformerPolicy(ModelConfig(d_model=16, n_layers=1, n_heads=2), tok.vocab_size)
@@ -282,7 +282,7 @@ def test_a_malformed_jsonl_line_names_file_and_line(tmp_path):
 
 
 def test_a_held_base_lock_is_announced_and_times_out(tmp_path):
-    from prorl_bench.base import _base_lock
+    from prorl_bench.models.base import _base_lock
 
     path = tmp_path / "base.pt"
     holder = subprocess.Popen(

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from prorl_bench.trainer import setup_hardware as REAL_SETUP
+from prorl_bench.run.trainer import setup_hardware as REAL_SETUP
 
 
 def test_torch_autocast_reuses_stale_weight_casts():
@@ -28,7 +28,7 @@ def test_torch_autocast_reuses_stale_weight_casts():
 
 def _bf16_rows(monkeypatch, run_exp, variant: str, cache: bool) -> list[dict]:
     """A short run whose update runs under CPU bf16 autocast (the CUDA path's structure)."""
-    import prorl_bench.trainer as trainer
+    import prorl_bench.run.trainer as trainer
 
     def cpu_bf16(cfg, threads):
         device, _ = REAL_SETUP(cfg, threads)
@@ -55,8 +55,8 @@ def test_update_under_autocast_equals_uncached_casts(variant, monkeypatch, run_e
 def test_mfu_peak_is_measured_in_the_runs_matmul_precision():
     """MFU divides by a peak of the precision the matmuls run in: bf16 under CUDA autocast (an fp32
     peak would understate a bf16 run's headroom several-fold), fp32 everywhere else."""
-    from prorl_bench.accounting import _PEAK_CACHE, measured_matmul_peak
-    from prorl_bench.trainer import matmul_dtype
+    from prorl_bench.run.accounting import _PEAK_CACHE, measured_matmul_peak
+    from prorl_bench.run.trainer import matmul_dtype
 
     from .conftest import make_config
 

@@ -10,9 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from prorl_bench.config import ModelConfig
-from prorl_bench.model import TransformerPolicy
-from prorl_bench.rollout import DEFAULT_LOGITS_MB, generate, head_chunk, token_logprobs
-from prorl_bench.tokenizers import CharTokenizer
+from prorl_bench.models.model import TransformerPolicy
+from prorl_bench.models.rollout import DEFAULT_LOGITS_MB, generate, head_chunk, token_logprobs
+from prorl_bench.models.tokenizers import CharTokenizer
 
 TOK = CharTokenizer()
 BANNED = tuple(TOK.banned_ids)
@@ -28,7 +28,7 @@ def _fast(vocab: int = VOCAB):
     pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from prorl_bench.fast_llama import FastLlamaPolicy
+    from prorl_bench.models.fast_llama import FastLlamaPolicy
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from prorl_bench.code_task import DATA_DIR, CodeTask, extract_program, load_problems
 from prorl_bench.config import CodeTaskConfig, ConfigError, RewardKind, TaskConfig
-from prorl_bench.sandbox import FAIL_CLASSES, Isolation, isolation_level
+from prorl_bench.tasks.code_task import DATA_DIR, CodeTask, extract_program, load_problems
+from prorl_bench.tasks.sandbox import FAIL_CLASSES, Isolation, isolation_level
 
 from .conftest import make_config
 
@@ -145,8 +145,8 @@ def test_own_problem_files_and_config_errors(tmp_path):
 @pytest.mark.slow
 def test_end_to_end_rl_on_a_tiny_hf_model(tmp_path):
     pytest.importorskip("transformers")
-    from prorl_bench.tiny_hf import build_tiny_llama
-    from prorl_bench.trainer import train
+    from prorl_bench.models.tiny_hf import build_tiny_llama
+    from prorl_bench.run.trainer import train
 
     model = build_tiny_llama(tmp_path / "m", hidden_size=32, n_layers=2, n_heads=4, max_position_embeddings=512)
     cfg = make_config(
@@ -171,7 +171,7 @@ def test_end_to_end_rl_on_a_tiny_hf_model(tmp_path):
 def test_weak_isolation_is_refused_unless_accepted(monkeypatch, capsys):
     """Below 'full' the task refuses to train, naming the flag and what a program could reach; with the flag
     it runs and says so."""
-    import prorl_bench.code_task as code_task
+    import prorl_bench.tasks.code_task as code_task
 
     weak = Isolation("netns+pidns", "full: needs root (mount namespaces and a private root)")
     monkeypatch.setattr(code_task, "isolation", lambda: weak)

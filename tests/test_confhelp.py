@@ -6,7 +6,7 @@ import dataclasses
 import subprocess
 import sys
 
-from prorl_bench.confhelp import _class_comments, field_help
+from prorl_bench.cli.confhelp import _class_comments, field_help
 
 
 def test_every_config_key_has_help_text():
@@ -28,7 +28,7 @@ def test_comment_extraction_reads_same_line_and_block_above():
 
 def test_help_lists_groups_and_keys():
     out = subprocess.run(
-        [sys.executable, "-m", "prorl_bench.app", "--help"], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-m", "prorl_bench.cli.app", "--help"], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     assert "opt_reset: asym, hard, keep, soft" in out
     assert "algo.eps_high = 0.28  # PPO clip" in out and "warmup.seed = 0" in out
@@ -41,8 +41,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from prorl_bench import aliases  # noqa: E402
-from prorl_bench.confhelp import _groups, check_overrides  # noqa: E402
+from prorl_bench.cli import aliases  # noqa: E402
+from prorl_bench.cli.confhelp import _groups, check_overrides  # noqa: E402
 from prorl_bench.searchpath import CONF_DIR  # noqa: E402
 
 
@@ -129,7 +129,7 @@ def test_the_table_covers_twenty_knobs_of_each_and_every_target_exists():
 
 def test_cli_says_did_you_mean_before_hydra(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prorl_bench.app", "learning_rate=1e-5", f"hydra.run.dir={tmp_path / 'run'}"],
+        [sys.executable, "-m", "prorl_bench.cli.app", "learning_rate=1e-5", f"hydra.run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -140,7 +140,7 @@ def test_cli_says_did_you_mean_before_hydra(tmp_path):
 
 def test_sweep_cli_says_did_you_mean_too(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prorl_bench.sweep", "+sweep=ablation_small", "num_generations=4", "--dry-run"],
+        [sys.executable, "-m", "prorl_bench.sweeps.sweep", "+sweep=ablation_small", "num_generations=4", "--dry-run"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

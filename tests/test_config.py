@@ -9,7 +9,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from prorl_bench.app import CONF_DIR
+from prorl_bench.cli.app import CONF_DIR
 from prorl_bench.config import ConfigError
 
 from .conftest import compose_cfg, make_config
@@ -26,7 +26,7 @@ def test_every_option_composes_and_validates(group, option, request):
     if group == "task" and option in ("gsm", "code", "math_jsonl"):  # chat prompts need an HF tokenizer
         overrides += ["model=hf_causal_lm", f"model.path={request.getfixturevalue('tiny_hf_dir')}"]
     if group == "task" and option == "math_jsonl":  # your problems: the example the package ships
-        from prorl_bench.math_jsonl_task import EXAMPLE
+        from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
         overrides.append(f"task.path={EXAMPLE}")
     if group == "reset":
@@ -140,7 +140,7 @@ def test_a_bad_value_in_a_job_is_still_recorded_as_failed(tmp_path, monkeypatch)
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from prorl_bench import app
+    from prorl_bench.cli import app
 
     cfg = compose_cfg(["algo.eps_low=-1", f"run_dir={tmp_path / 'run'}"])
 
@@ -187,13 +187,13 @@ def test_slurm_launcher_without_slurm_is_one_line(tmp_path):
     ],
 )
 def test_torch_threads_follow_affinity_and_omp_num_threads(configured, multirun, env, cpus, want):
-    from prorl_bench.threads import resolve_threads
+    from prorl_bench.run.threads import resolve_threads
 
     assert resolve_threads(configured, multirun, environ=env, cpus=cpus) == want
 
 
 def test_available_cpus_is_the_affinity_not_the_machine(monkeypatch):
-    from prorl_bench import threads
+    from prorl_bench.run import threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)

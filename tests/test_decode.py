@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from prorl_bench.config import ModelConfig
-from prorl_bench.decode import sample_exact
-from prorl_bench.guards import NonFiniteError
-from prorl_bench.model import TransformerPolicy, positions
-from prorl_bench.rollout import generate, token_logprobs
-from prorl_bench.tokenizers import CharTokenizer
+from prorl_bench.models.decode import sample_exact
+from prorl_bench.models.model import TransformerPolicy, positions
+from prorl_bench.models.rollout import generate, token_logprobs
+from prorl_bench.models.tokenizers import CharTokenizer
+from prorl_bench.run.guards import NonFiniteError
 
 TOK = CharTokenizer()
 BANNED = tuple(TOK.banned_ids)
@@ -47,7 +47,7 @@ def _fast_policy():
     pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from prorl_bench.fast_llama import FastLlamaPolicy
+    from prorl_bench.models.fast_llama import FastLlamaPolicy
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -177,7 +177,7 @@ def test_non_finite_weights_fail_loudly_in_every_impl(impl):
 def test_static_decoders_are_reused_and_follow_replaced_weights():
     """A decoder is kept per shape and settings; a new parameter tensor (LoRA growth) gets a new one,
     and a weight changed in place (an optimizer step) is seen by the kept one."""
-    from prorl_bench.decode import _DECODERS
+    from prorl_bench.models.decode import _DECODERS
 
     pol = _policy()
     r1, _ = _run(pol, "static", temperature=1.0)
@@ -212,7 +212,7 @@ def test_hardware_decode_resolves_by_policy_and_device():
     """auto: static for the native/fast policies on CPU (bit-identical, measured no slower), graph on
     CUDA, dynamic for HF-module policies; an explicit static/graph on an HF-module policy is refused."""
     from prorl_bench.config import ConfigError
-    from prorl_bench.policies import decode_impl
+    from prorl_bench.models.policies import decode_impl
 
     from .conftest import make_config
 
@@ -233,8 +233,8 @@ def test_hardware_decode_resolves_by_policy_and_device():
 def test_graph_key_sees_the_module_state_a_graph_would_bake_in():
     """A captured graph replays Python-level module state as captured: dual-LoRA scales (routing
     evaluation) and train/eval mode must select another decoder, not reuse a stale graph."""
-    from prorl_bench.decode import _python_state
-    from prorl_bench.dual_lora import adapter_scales, attach_dual_lora
+    from prorl_bench.models.decode import _python_state
+    from prorl_bench.models.dual_lora import adapter_scales, attach_dual_lora
 
     pol = _policy()
     attach_dual_lora(pol, ["qkv"], 2, 2, 4.0, True)

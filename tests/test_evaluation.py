@@ -10,8 +10,8 @@ import math
 import pytest
 
 from prorl_bench.config import ConfigError
-from prorl_bench.outputs import read_jsonl
-from prorl_bench.passk import distinct_per_prompt, mean_pass_at_k, pass_at_k
+from prorl_bench.run.outputs import read_jsonl
+from prorl_bench.run.passk import distinct_per_prompt, mean_pass_at_k, pass_at_k
 
 from .conftest import make_config, strip_timing
 
@@ -81,7 +81,7 @@ def test_validation_rows_samples_and_the_base_at_step_0(run_exp):
 def _assert_validation_row_recomputes_from_samples(row: dict, samples: list[dict], step: int) -> None:
     """Audit: a reader holding only samples.jsonl gets the validation row's pass@k, success, greedy
     success, distinct completions and per-difficulty figures back to 1e-9 (pass@k by the closed form
-    1 - C(n-c, k) / C(n, k), independently of prorl_bench.passk)."""
+    1 - C(n-c, k) / C(n, k), independently of prorl_bench.run.passk)."""
     rows = [r for r in samples if r["step"] == step]
 
     def pass_k(rs: list[dict], k: int) -> float:
@@ -160,7 +160,7 @@ def test_extending_a_finished_run_equals_running_it_longer_from_the_start(run_ex
 
 
 def test_the_end_of_run_report_shows_real_completions_and_the_paths(run_exp):
-    from prorl_bench.app import final_report
+    from prorl_bench.cli.app import final_report
 
     summary, d = run_exp(EVAL, name="report")
     text = final_report(d, summary)

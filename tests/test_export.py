@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from prorl_bench.cli.export import export_hf, export_native, load_native, load_run, main  # noqa: E402
 from prorl_bench.config import (  # noqa: E402
     AdapterConfig,
     AdapterKind,
@@ -19,8 +20,7 @@ from prorl_bench.config import (  # noqa: E402
     TaskConfig,
     VariantConfig,
 )
-from prorl_bench.export import export_hf, export_native, load_native, load_run, main  # noqa: E402
-from prorl_bench.trainer import train  # noqa: E402
+from prorl_bench.run.trainer import train  # noqa: E402
 
 
 def _cfg(model: ModelConfig, adapter: AdapterConfig | None = None) -> Config:
@@ -110,8 +110,8 @@ def test_export_without_checkpoint_fails_loudly(tmp_path, capsys):
 def test_export_refuses_non_finite_weights(tmp_path, capsys):
     """A checkpoint whose weights hold NaN (a diverged run, checksum intact): a named error, exit 2, and
     nothing written to the output directory."""
-    from prorl_bench.checkpoint import checkpoint_paths, load_verified, save_verified
-    from prorl_bench.export import NonFiniteWeightsError, export_run
+    from prorl_bench.cli.export import NonFiniteWeightsError, export_run
+    from prorl_bench.run.checkpoint import checkpoint_paths, load_verified, save_verified
 
     cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
     cfg.warmup.enabled = False
@@ -132,7 +132,7 @@ def test_export_refuses_non_finite_weights(tmp_path, capsys):
 def test_sample_cli_from_run_and_export(tmp_path, capsys):
     import json
 
-    from prorl_bench.export import sample_main
+    from prorl_bench.cli.export import sample_main
 
     cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
     cfg.warmup.enabled = False
@@ -183,7 +183,7 @@ def test_exported_tokenizer_and_generate_reproduce_the_bench(tiny_hf_dir, tmp_pa
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from prorl_bench.export import sample_main
+    from prorl_bench.cli.export import sample_main
 
     model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.hf)
     train(_cfg(model), tmp_path / "run", tmp_path / "cache", threads=1)

@@ -26,7 +26,7 @@ def _rows(d):
 
 @pytest.mark.parametrize("variant", ["A0", "A1", "A2", "B", "C"])
 def test_every_variant_runs_in_bf16_on_cuda(variant, tiny_hf_dir, tmp_path):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     extra = ["reset=periodic", "reset.every=2"] if variant == "C" else []
     cfg = make_config([*GPU, f"model.path={tiny_hf_dir}", f"variant={variant}", "steps=4", *extra])
@@ -38,8 +38,8 @@ def test_every_variant_runs_in_bf16_on_cuda(variant, tiny_hf_dir, tmp_path):
 def test_lora_growth_resume_and_export_on_cuda(tiny_hf_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from prorl_bench.export import export_run, load_run
-    from prorl_bench.trainer import train
+    from prorl_bench.cli.export import export_run, load_run
+    from prorl_bench.run.trainer import train
 
     over = [*GPU, f"model.path={tiny_hf_dir}", "variant=C", "reset=periodic", "reset.every=2", "adapter=lora",
             "adapter.targets=[q_proj,v_proj]", "growth=rank", "growth.grow_every=2", "growth.max_rank=8"]  # fmt: skip
@@ -60,8 +60,8 @@ def test_auto_impl_is_the_fast_path_on_cuda(tiny_hf_dir):
     """impl=auto picks the forward measured faster on a GPU (docs/performance.md), and it matches
     HF's forward there in bf16 autocast."""
     from prorl_bench.config import HFImpl, ModelConfig, ModelKind
-    from prorl_bench.fast_llama import FastLlamaPolicy
-    from prorl_bench.hf_model import load_policy
+    from prorl_bench.models.fast_llama import FastLlamaPolicy
+    from prorl_bench.models.hf_model import load_policy
 
     dev = torch.device("cuda")
     auto = load_policy(ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir)), dev)
@@ -79,8 +79,8 @@ def test_auto_impl_is_the_fast_path_on_cuda(tiny_hf_dir):
 
 def _native_on_cuda():
     from prorl_bench.config import ModelConfig
-    from prorl_bench.model import TransformerPolicy
-    from prorl_bench.tokenizers import CharTokenizer
+    from prorl_bench.models.model import TransformerPolicy
+    from prorl_bench.models.tokenizers import CharTokenizer
 
     torch.manual_seed(0)
     tok = CharTokenizer()
@@ -98,8 +98,8 @@ def test_graph_decode_is_captured_and_draws_what_static_draws(bf16):
     generator as eager steps do (whole-buffer attention rounds differently: ties could differ)."""
     import warnings
 
-    from prorl_bench.decode import _DECODERS
-    from prorl_bench.rollout import generate
+    from prorl_bench.models.decode import _DECODERS
+    from prorl_bench.models.rollout import generate
 
     pol, tok = _native_on_cuda()
     ids, mask = tok.encode_prompts(["R12=", "R12345=", "S9=", "7"] * 8)
@@ -119,7 +119,7 @@ def test_graph_decode_is_captured_and_draws_what_static_draws(bf16):
 
 def test_fused_adamw_and_host_update_norm_on_cuda():
     from prorl_bench.config import AlgoConfig
-    from prorl_bench.optim import ParamSnapshot, build_adamw
+    from prorl_bench.rl.optim import ParamSnapshot, build_adamw
 
     torch.manual_seed(0)
     m = torch.nn.Linear(1024, 1024).cuda()
@@ -141,8 +141,8 @@ def test_chunked_logprobs_bound_cuda_memory_at_a_150k_vocabulary():
     """A 151,936-token head: the training pass's peak CUDA memory with chunks is a fraction of the
     whole-logits pass's, and the values agree (bf16 autocast, as the trainer runs it)."""
     from prorl_bench.config import ModelConfig
-    from prorl_bench.model import TransformerPolicy
-    from prorl_bench.rollout import Rollout, token_logprobs
+    from prorl_bench.models.model import TransformerPolicy
+    from prorl_bench.models.rollout import Rollout, token_logprobs
 
     torch.manual_seed(0)
     pol = TransformerPolicy(ModelConfig(d_model=256, n_layers=2, n_heads=4, max_seq_len=160), 151_936).cuda()

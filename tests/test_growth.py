@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from prorl_bench.config import Migration, ModelConfig
-from prorl_bench.growth import migrate_optimizer
-from prorl_bench.lora import adapter_rank, attach_lora, grow_rank, lora_layers
-from prorl_bench.model import TransformerPolicy
-from prorl_bench.outputs import read_jsonl
-from prorl_bench.tasks import CharTokenizer
+from prorl_bench.models.lora import adapter_rank, attach_lora, grow_rank, lora_layers
+from prorl_bench.models.model import TransformerPolicy
+from prorl_bench.rl.growth import migrate_optimizer
+from prorl_bench.run.outputs import read_jsonl
+from prorl_bench.tasks.base import CharTokenizer
 
 TOK = CharTokenizer()
 

@@ -9,11 +9,11 @@ pytest.importorskip("transformers")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from prorl_bench.app import CONF_DIR  # noqa: E402
+from prorl_bench.cli.app import CONF_DIR  # noqa: E402
 from prorl_bench.config import ConfigError, HFImpl, ModelConfig, ModelKind, to_config  # noqa: E402
-from prorl_bench.fast_llama import FastLlamaPolicy  # noqa: E402
-from prorl_bench.hf_model import HFCausalLMPolicy, load_policy, load_tokenizer  # noqa: E402
-from prorl_bench.rollout import generate, token_logprobs  # noqa: E402
+from prorl_bench.models.fast_llama import FastLlamaPolicy  # noqa: E402
+from prorl_bench.models.hf_model import HFCausalLMPolicy, load_policy, load_tokenizer  # noqa: E402
+from prorl_bench.models.rollout import generate, token_logprobs  # noqa: E402
 
 PROMPTS = ["R123=", "R45678=", "Spell this: ab -4="]
 
@@ -89,7 +89,7 @@ def test_tokenizer_without_pad_pads_with_eos_and_keeps_eos_in_mask(tiny_hf_dir):
 
 def test_auto_impl_is_hf_unless_adapters_name_fused_layers(tiny_hf_dir):
     """impl=auto: HF's forward (measured faster on CPU); the fast path only for its fused names."""
-    from prorl_bench.fast_llama import FastLlamaPolicy
+    from prorl_bench.models.fast_llama import FastLlamaPolicy
 
     cfg = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir))
     assert isinstance(load_policy(cfg, torch.device("cpu")), HFCausalLMPolicy)
@@ -99,7 +99,7 @@ def test_auto_impl_is_hf_unless_adapters_name_fused_layers(tiny_hf_dir):
 
 def test_auto_impl_decision_table_per_device():
     """The measured choice: fast on CUDA, HF on CPU; LoRA target names and the family override it."""
-    from prorl_bench.hf_model import _auto_impl
+    from prorl_bench.models.hf_model import _auto_impl
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert _auto_impl(True, cuda, [], []) == HFImpl.fast
@@ -112,7 +112,7 @@ def test_auto_impl_decision_table_per_device():
 def test_auto_impl_falls_back_to_hf_forward_for_other_architectures(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from prorl_bench.tiny_hf import char_wordpiece_tokenizer
+    from prorl_bench.models.tiny_hf import char_wordpiece_tokenizer
 
     tok = char_wordpiece_tokenizer()
     cfg = GPT2Config(
@@ -177,7 +177,7 @@ def test_decoding_raises_no_future_warning(impl, tiny_hf_dir):
 def test_tiny_hf_cli_builds_enough_positions_for_chat_tasks(tmp_path):
     import json
 
-    from prorl_bench.tiny_hf import CHAT_POSITIONS, main
+    from prorl_bench.models.tiny_hf import CHAT_POSITIONS, main
 
     def positions(*args):
         out = main([str(tmp_path / "m"), "--hidden", "16", "--layers", "1", *args])
@@ -186,8 +186,8 @@ def test_tiny_hf_cli_builds_enough_positions_for_chat_tasks(tmp_path):
     assert positions() == 256
     assert positions("--chat-template") == CHAT_POSITIONS == 1024
     assert positions("--max-positions", "300") == 300
-    from prorl_bench.math_jsonl_task import EXAMPLE
-    from prorl_bench.tasks import make_task
+    from prorl_bench.tasks.base import make_task
+    from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
     tasks = [["task=code"], ["task=math_jsonl", f"task.path={EXAMPLE}"]]
     try:

@@ -18,7 +18,7 @@ from prorl_bench.config import (  # noqa: E402
     VariantConfig,
     WarmupConfig,
 )
-from prorl_bench.trainer import train  # noqa: E402
+from prorl_bench.run.trainer import train  # noqa: E402
 
 TRAJECTORY_KEYS = ("reward/mean", "loss/total", "loss/pg", "loss/kl", "entropy", "grad_norm", "kl/ref")
 
@@ -154,7 +154,7 @@ def test_lora_and_growth_on_the_hf_model(overrides, tiny_hf_dir, tmp_path):
 
 def test_a_run_that_never_earns_reward_says_so(tiny_hf_dir, tmp_path):
     """Warm-up is off for HF models: a random model earns nothing, and the run must say why."""
-    from prorl_bench.outputs import read_jsonl
+    from prorl_bench.run.outputs import read_jsonl
 
     from .conftest import make_config
 

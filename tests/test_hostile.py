@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
-from prorl_bench.base import WarmupFailed
 from prorl_bench.config import ConfigError, TaskConfig, to_config
+from prorl_bench.models.base import WarmupFailed
 from prorl_bench.registry import TASKS
-from prorl_bench.tasks import CharTokenizer, make_task, partial_reward
+from prorl_bench.tasks.base import CharTokenizer, make_task, partial_reward
 
 from .conftest import compose_cfg
 
@@ -91,7 +91,7 @@ def _fmt(v):
 )
 @given(st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=3))
 def test_any_config_runs_or_fails_cleanly(tmp_path_factory, overrides):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     ovr = SMALL + [f"{k}={_fmt(v)}" for k, v in overrides.items()]
     try:
@@ -109,7 +109,7 @@ def test_any_config_runs_or_fails_cleanly(tmp_path_factory, overrides):
 
 
 def _task_and_problem(name):
-    from prorl_bench.math_jsonl_task import EXAMPLE
+    from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
     own = {"path": str(EXAMPLE)} if TASKS.meta(name).get("reads_path") else {}  # task=math_jsonl: a file
     task = make_task(TaskConfig(name=name, min_len=2, max_len=4, **own))

@@ -26,18 +26,39 @@ def _imports(path: Path, module_level_only: bool = False) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.level:
             raise AssertionError(f"{path.name}: relative import (the graph expects absolute prorl_bench imports)")
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("prorl_bench"):
-            if node.module == "prorl_bench":  # from prorl_bench import stats
-                deps.update(f"prorl_bench.{a.name}" for a in node.names if (PKG / f"{a.name}.py").exists())
-            else:
-                deps.add(node.module)
+            for a in node.names:  # from prorl_bench.sweeps import stats: the edge is to the module, not the package
+                sub = _module_path(f"{node.module}.{a.name}")
+                deps.add(f"{node.module}.{a.name}" if sub is not None else node.module)
         elif isinstance(node, ast.Import):
             deps.update(a.name for a in node.names if a.name.startswith("prorl_bench."))
     return deps
 
 
+def _module_path(name: str) -> Path | None:
+    """The file of module ``name`` (``prorl_bench.rl.kl`` -> rl/kl.py; a package -> its __init__.py), or None."""
+    rel = PKG.joinpath(*name.split(".")[1:])
+    for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG).with_suffix("").parts
+    return ".".join(("prorl_bench", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
 def _graph(module_level_only: bool = False) -> dict[str, set[str]]:
-    mods = sorted(p for p in PKG.glob("*.py") if p.stem != "__init__")
-    return {f"prorl_bench.{p.stem}": _imports(p, module_level_only) - {f"prorl_bench.{p.stem}"} for p in mods}
+    mods = sorted(PKG.rglob("*.py"))
+    return {_module_name(p): _imports(p, module_level_only) - {_module_name(p)} for p in mods}
+
+
+def test_graph_covers_the_subpackages():
+    graph = _graph()
+    assert {"prorl_bench.rl.kl", "prorl_bench.run.trainer", "prorl_bench.tasks.base"} <= set(graph)
+    assert "prorl_bench.rl.kl" in graph["prorl_bench.run.trainer"] or any(
+        "prorl_bench.rl" in d for d in graph["prorl_bench.run.trainer"]
+    )
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -2,7 +2,7 @@
 
 import torch
 
-from prorl_bench.kl import k1, k2, k2_ref_over_old, k3, kl_per_token
+from prorl_bench.rl.kl import k1, k2, k2_ref_over_old, k3, kl_per_token
 
 
 def _dists(seed=0, n=7):
@@ -76,7 +76,7 @@ def test_the_kl_gradient_survives_on_the_tokens_that_drifted_furthest():
     """Audit item 7: a value clamp on every estimator zeroed k2's gradient for |l| > 4.47.
     k1 and k2 are unclamped (gradient 1 and l everywhere); k3 keeps verl's clamp, whose price
     (no gradient once k3 > 10: l < -2.61 or l > 11) is documented and pinned here."""
-    from prorl_bench.kl import kl_per_token
+    from prorl_bench.rl.kl import kl_per_token
 
     logp_ref = torch.zeros(6)
     ells = torch.tensor([-12.0, -5.0, -2.0, 2.0, 5.0, 12.0])

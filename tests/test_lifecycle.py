@@ -21,7 +21,7 @@ EXIT_PREEMPTED = 75
 
 def _cli(tmp_path: Path, extra: list[str]) -> list[str]:
     return [
-        "-m", "prorl_bench.app", f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+        "-m", "prorl_bench.cli.app", f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}",
         "progress=false", *FAST, *extra,
     ]  # fmt: skip
 
@@ -93,7 +93,7 @@ def test_ctrl_c_during_training_is_a_preemption_with_a_checkpoint(tmp_path, base
 
 INJECT = """
 import builtins, errno, sys
-import prorl_bench.outputs as outputs
+import prorl_bench.run.outputs as outputs
 
 class Full:
     # a file on a disk that fills up: the first 100 bytes land, then ENOSPC
@@ -109,7 +109,7 @@ def open_(path, mode="r", *a, **k):
     return Full(f) if "step_00000004" in str(path) and "w" in mode else f
 
 outputs.open = open_
-from prorl_bench.app import main
+from prorl_bench.cli.app import main
 sys.argv = ["prorl-bench", *sys.argv[1:]]
 main()
 """

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prorl_bench.advantages import compute_advantages
 from prorl_bench.config import ConfigError, LossAgg
-from prorl_bench.losses import aggregate, clipped_surrogate
+from prorl_bench.rl.advantages import compute_advantages
+from prorl_bench.rl.losses import aggregate, clipped_surrogate
 
 from .conftest import make_config
 

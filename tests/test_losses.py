@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from prorl_bench.config import LossAgg
-from prorl_bench.losses import aggregate, clipped_surrogate
+from prorl_bench.rl.losses import aggregate, clipped_surrogate
 
 
 def _loss(ratio, adv, lo=0.2, hi=0.4):
@@ -79,7 +79,7 @@ def test_seq_mean_token_sum_norm_divides_by_the_fixed_budget_not_the_padded_widt
 def test_trainer_normalises_dr_grpo_by_the_completion_budget(run_exp, monkeypatch, budget):
     """Every loss aggregation of a seq_mean_token_sum_norm run uses the completion budget: the task's
     (reverse_digits, max_len 5: 5 digits + EOS) or algo.max_new_tokens when set."""
-    from prorl_bench import trainer
+    from prorl_bench.run import trainer
 
     seen = []
     real = trainer.aggregate

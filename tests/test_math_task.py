@@ -11,7 +11,7 @@ from .conftest import make_config
 
 pytest.importorskip("reasoning_gym")
 
-from prorl_bench.reasoning_gym_task import CHAT_INSTRUCTION, ReasoningGymTask, extract_answer  # noqa: E402
+from prorl_bench.tasks.reasoning_gym_task import CHAT_INSTRUCTION, ReasoningGymTask, extract_answer  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_gsm_task_scores_extracted_answers_with_the_package_verifier(gsm_task):
 def test_chat_prompts_need_an_hf_tokenizer_with_a_template(tiny_hf_dir):
     with pytest.raises(ConfigError, match="prompt_style"):
         make_config(["task=gsm"])  # the native char-level policy has no chat template
-    from prorl_bench.hf_model import load_tokenizer
+    from prorl_bench.models.hf_model import load_tokenizer
 
     with pytest.raises(ConfigError, match="chat_template"):
         load_tokenizer(tiny_hf_dir, chat=True)
@@ -75,7 +75,7 @@ def test_chat_prompts_need_an_hf_tokenizer_with_a_template(tiny_hf_dir):
 @pytest.fixture(scope="module")
 def chat_hf_dir(tmp_path_factory):
     pytest.importorskip("transformers")
-    from prorl_bench.tiny_hf import build_tiny_llama
+    from prorl_bench.models.tiny_hf import build_tiny_llama
 
     return build_tiny_llama(
         tmp_path_factory.mktemp("hf") / "chat",
@@ -88,7 +88,7 @@ def chat_hf_dir(tmp_path_factory):
 
 
 def test_chat_template_renders_the_prompt(chat_hf_dir):
-    from prorl_bench.hf_model import load_tokenizer
+    from prorl_bench.models.hf_model import load_tokenizer
 
     tok = load_tokenizer(chat_hf_dir, chat=True)
     ids, mask = tok.encode_prompts(["What is 2+2?", "Hi"])
@@ -102,8 +102,8 @@ def test_chat_template_renders_the_prompt(chat_hf_dir):
 
 
 def test_gsm_runs_end_to_end_on_a_tiny_hf_model(chat_hf_dir, tmp_path):
-    from prorl_bench.outputs import read_jsonl
-    from prorl_bench.trainer import train
+    from prorl_bench.run.outputs import read_jsonl
+    from prorl_bench.run.trainer import train
 
     cfg = make_config(
         [
@@ -155,7 +155,7 @@ def _math_cfg(path, **kw):
     ],
 )
 def test_math_jsonl_errors_name_the_file_and_line(tmp_path, bad, message):
-    from prorl_bench.math_jsonl_task import load_problems
+    from prorl_bench.tasks.math_jsonl_task import load_problems
 
     path = _jsonl(tmp_path / "p.jsonl", [{"question": "q1", "answer": "1"}, "", bad])  # line 2 blank: skipped
     with pytest.raises(ConfigError, match="p.jsonl" + message):
@@ -173,13 +173,13 @@ def test_math_jsonl_is_checked_when_the_config_is(tmp_path):
     with pytest.raises(ConfigError, match=r"task.path=.*null with task=reverse_digits"):
         make_config([f"task.path={bad}"])
     with pytest.raises(ConfigError, match="model=hf_causal_lm"):
-        from prorl_bench.math_jsonl_task import EXAMPLE
+        from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
         make_config(["task=math_jsonl", f"task.path={EXAMPLE}"])  # the char-level policy has no chat template
 
 
 def test_math_jsonl_split_is_disjoint_deterministic_and_order_free(tmp_path):
-    from prorl_bench.math_jsonl_task import split
+    from prorl_bench.tasks.math_jsonl_task import split
 
     rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(200)]
     a = split(_math_cfg(_jsonl(tmp_path / "a.jsonl", rows), val_fraction=0.25))
@@ -213,7 +213,7 @@ def test_math_jsonl_split_is_disjoint_deterministic_and_order_free(tmp_path):
     ],
 )
 def test_math_jsonl_scores_like_gsm(tmp_path, completion, target, score):
-    from prorl_bench.math_jsonl_task import MathJsonlTask
+    from prorl_bench.tasks.math_jsonl_task import MathJsonlTask
 
     rows = [{"question": f"q{i}", "answer": target} for i in range(40)]
     task = MathJsonlTask(_math_cfg(_jsonl(tmp_path / "p.jsonl", rows), val_fraction=0.5))
@@ -225,8 +225,8 @@ def test_math_jsonl_scores_like_gsm(tmp_path, completion, target, score):
 def test_math_jsonl_example_ships_with_the_package():
     from pathlib import Path
 
-    from prorl_bench import math_jsonl_task
-    from prorl_bench.math_jsonl_task import EXAMPLE, main, split
+    from prorl_bench.tasks import math_jsonl_task
+    from prorl_bench.tasks.math_jsonl_task import EXAMPLE, main, split
 
     assert EXAMPLE.is_relative_to(Path(math_jsonl_task.__file__).parent / "data")  # package data (pyproject)
     train, val = split(_math_cfg(EXAMPLE, val_fraction=0.25))
@@ -238,7 +238,7 @@ def test_math_jsonl_example_ships_with_the_package():
 
 
 def test_chat_template_from_text_or_file_replaces_the_tokenizers(tiny_hf_dir, tmp_path):
-    from prorl_bench.hf_model import load_tokenizer
+    from prorl_bench.models.hf_model import load_tokenizer
 
     template = "{{ bos_token }}Q: {{ messages[0]['content'] }} A:"
     for given in (template, str(_write(tmp_path / "t.jinja", template))):
@@ -264,7 +264,7 @@ def test_bad_chat_template_values_name_the_key(tmp_path, tiny_hf_dir):
 
 
 def test_a_missing_template_is_blamed_on_the_setting_that_asked_for_it(tiny_hf_dir):
-    from prorl_bench.policies import build_tokenizer
+    from prorl_bench.models.policies import build_tokenizer
 
     hf = ["model=hf_causal_lm", f"model.path={tiny_hf_dir}"]
     with pytest.raises(ConfigError, match=r"^task\.code\.prompt_style=chat: .*task\.code\.prompt_style=question"):
@@ -276,9 +276,9 @@ def test_a_missing_template_is_blamed_on_the_setting_that_asked_for_it(tiny_hf_d
 
 @pytest.mark.slow
 def test_math_jsonl_runs_end_to_end_on_a_tiny_hf_model(chat_hf_dir, tmp_path):
-    from prorl_bench.math_jsonl_task import EXAMPLE
-    from prorl_bench.outputs import read_jsonl
-    from prorl_bench.trainer import train
+    from prorl_bench.run.outputs import read_jsonl
+    from prorl_bench.run.trainer import train
+    from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
     cfg = make_config(["task=math_jsonl", f"task.path={EXAMPLE}", "model=hf_causal_lm", f"model.path={chat_hf_dir}",
                        "algo.max_new_tokens=16", "task.val_size=4", "steps=2", "eval_every=2", "eval.n_samples=2",

@@ -3,9 +3,9 @@
 import torch
 
 from prorl_bench.config import ModelConfig
-from prorl_bench.model import TransformerPolicy
-from prorl_bench.rollout import generate, token_logprobs
-from prorl_bench.tasks import CharTokenizer
+from prorl_bench.models.model import TransformerPolicy
+from prorl_bench.models.rollout import generate, token_logprobs
+from prorl_bench.tasks.base import CharTokenizer
 
 
 def _policy():

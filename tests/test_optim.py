@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prorl_bench.config import AdamWImpl, AlgoConfig, UpdateNormMode
-from prorl_bench.optim import ParamSnapshot, adamw_impl, build_adamw, update_norm_mode
+from prorl_bench.rl.optim import ParamSnapshot, adamw_impl, build_adamw, update_norm_mode
 
 from .conftest import strip_timing
 

@@ -22,7 +22,7 @@ import pytest
 
 from prorl_bench import registry
 from prorl_bench.config import ConfigError
-from prorl_bench.outputs import read_jsonl
+from prorl_bench.run.outputs import read_jsonl
 
 from .conftest import FAST, make_config
 
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from prorl_bench.reference import CachedReference
+from prorl_bench.rl.reference import CachedReference
 from prorl_bench.registry import ADVANTAGES, KL_ESTIMATORS, REFERENCES, RESET_TRIGGERS, require
-from prorl_bench.resets import Trigger
-from prorl_bench.tasks import symbol_task
+from prorl_bench.rl.resets import Trigger
+from prorl_bench.tasks.base import symbol_task
 
 
 @ADVANTAGES.register("mean_only")
@@ -151,7 +151,7 @@ def test_plugin_options_validate_with_their_own_parameters(plugin):
 
 def test_step_counter_warning_reads_the_triggers_declared_period(plugin):
     """The warning knows nothing of trigger names: a plugin trigger that declares a short period gets it."""
-    from prorl_bench.resets import StepCounterHazardWarning
+    from prorl_bench.rl.resets import StepCounterHazardWarning
 
     hazard = ["variant=C", "reset.trigger=every_after", "opt_reset=soft"]
     with pytest.warns(StepCounterHazardWarning, match="every 5 steps"):

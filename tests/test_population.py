@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from prorl_bench.config import ConfigError, ModelConfig
-from prorl_bench.model import TransformerPolicy, positions
+from prorl_bench.models.model import TransformerPolicy, positions
+from prorl_bench.models.rollout import generate
+from prorl_bench.models.tokenizers import CharTokenizer
 from prorl_bench.population import lockstep as ls
 from prorl_bench.population.lockstep import Lockstep
 from prorl_bench.population.model import StackedPolicy
 from prorl_bench.population.runner import MemberJob, check_population, population_blockers, run_population
 from prorl_bench.population.sampling import SampleRequest, generate_population
-from prorl_bench.rollout import generate
-from prorl_bench.tokenizers import CharTokenizer
 from tests.conftest import FAST, make_config, strip_timing
 
 CPU = torch.device("cpu")
@@ -71,7 +71,7 @@ def test_stacked_policy_refuses_other_shapes_and_adapters():
     a = TransformerPolicy(ModelConfig(), 16)
     with pytest.raises(ValueError, match="another model shape"):
         StackedPolicy([a, TransformerPolicy(ModelConfig(d_model=32), 16)])
-    from prorl_bench.lora import attach_lora
+    from prorl_bench.models.lora import attach_lora
 
     attach_lora(a, ["qkv"], 2, 4.0, True)
     with pytest.raises(TypeError, match="native TransformerPolicy only"):
@@ -142,7 +142,7 @@ def test_lockstep_members_keep_their_own_global_rng_and_sample_together():
 
     def member(i: int):
         def fn():
-            import prorl_bench.accounting as accounting
+            import prorl_bench.run.accounting as accounting
 
             t0 = accounting.time.perf_counter()  # the member's own clock while populations run
             torch.manual_seed(i)
@@ -265,7 +265,7 @@ VARIANTS = {
 def test_member_equals_single_run_with_its_seed(variant, tmp_path, base_cache):
     """Per step: losses, rewards, KL, grad and update norms (so the sampled tokens); and at the end
     the weights, the reference and AdamW's state — all equal to the single run's, bit for bit."""
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     seeds = [0, 1, 2]
     over = FAST + VARIANTS[variant] + ["checkpoint.every=3"]
@@ -288,7 +288,7 @@ def test_member_equals_single_run_with_its_seed(variant, tmp_path, base_cache):
 def test_member_failing_a_guard_is_dropped_alone(tmp_path, base_cache, monkeypatch):
     """Member 1's loss turns NaN at step 2: its run dir says failed and dropped; the others equal
     their single runs."""
-    import prorl_bench.trainer as trainer
+    import prorl_bench.run.trainer as trainer
 
     real = trainer.clipped_surrogate
     calls = {"n": 0}

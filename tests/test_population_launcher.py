@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prorl_bench.trainer import train
+from prorl_bench.run.trainer import train
 from tests.conftest import FAST, make_config, strip_timing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cmd(sweep_dir: Path, cache: Path, *overrides: str) -> list[str]:
     return [
-        sys.executable, "-m", "prorl_bench.app", "-m", *FAST, *overrides, f"warmup.cache_dir={cache}",
+        sys.executable, "-m", "prorl_bench.cli.app", "-m", *FAST, *overrides, f"warmup.cache_dir={cache}",
         "hydra/launcher=population", f"hydra.sweep.dir={sweep_dir}", "hydra.callbacks={}",
     ]  # fmt: skip
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from prorl_bench.config import ConfigError, ModelConfig
-from prorl_bench.model import TransformerPolicy, apply_rope, positions, rope_tables
+from prorl_bench.models.model import TransformerPolicy, apply_rope, positions, rope_tables
 
 
 def _rot(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

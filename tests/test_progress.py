@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from prorl_bench import sweepwatch
-from prorl_bench.progress import PhaseReport, eta_seconds, fmt_duration
+from prorl_bench.run.progress import PhaseReport, eta_seconds, fmt_duration
+from prorl_bench.sweeps import sweepwatch
 
 from .conftest import make_config
 from .sweep_factory import metric_rows, write_multirun_yaml, write_run
@@ -121,9 +121,9 @@ def test_sweep_watch_prints_when_counts_change(tmp_path):
 
 @pytest.mark.slow
 def test_warm_up_says_when_it_starts_and_how_it_ended(capsys):
-    from prorl_bench.base import train_base
-    from prorl_bench.policies import build_tokenizer
-    from prorl_bench.tasks import make_task
+    from prorl_bench.models.base import train_base
+    from prorl_bench.models.policies import build_tokenizer
+    from prorl_bench.tasks.base import make_task
 
     cfg = make_config(["warmup.target_success=0.05"])
     state, info = train_base(cfg, make_task(cfg.task), build_tokenizer(cfg), torch.device("cpu"))
@@ -134,10 +134,10 @@ def test_warm_up_says_when_it_starts_and_how_it_ended(capsys):
 
 
 def test_evaluation_reports_its_progress_in_sequences():
-    from prorl_bench.evaluation import validate
-    from prorl_bench.model import TransformerPolicy
-    from prorl_bench.policies import build_tokenizer
-    from prorl_bench.tasks import make_task
+    from prorl_bench.models.model import TransformerPolicy
+    from prorl_bench.models.policies import build_tokenizer
+    from prorl_bench.run.evaluation import validate
+    from prorl_bench.tasks.base import make_task
 
     cfg = make_config(["task.val_size=5"])
     task, tok = make_task(cfg.task), build_tokenizer(cfg)
@@ -154,7 +154,7 @@ def test_evaluation_reports_its_progress_in_sequences():
 
 @pytest.mark.slow
 def test_the_bar_shows_the_step_0_evaluation(tmp_path, base_cache, capsys):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     from .conftest import FAST
 

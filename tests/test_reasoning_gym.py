@@ -20,9 +20,9 @@ from prorl_bench.config import (  # noqa: E402
     TaskConfig,
     WarmupConfig,
 )
-from prorl_bench.evaluation import score  # noqa: E402
-from prorl_bench.tasks import CharTokenizer, make_task  # noqa: E402
-from prorl_bench.trainer import train  # noqa: E402
+from prorl_bench.run.evaluation import score  # noqa: E402
+from prorl_bench.run.trainer import train  # noqa: E402
+from prorl_bench.tasks.base import CharTokenizer, make_task  # noqa: E402
 
 from .conftest import make_config  # noqa: E402
 

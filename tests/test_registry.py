@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from prorl_bench.advantages import compute_advantages
 from prorl_bench.config import ConfigError
 from prorl_bench.registry import ADVANTAGES, TASKS, Registry
-from prorl_bench.tasks import symbol_task
+from prorl_bench.rl.advantages import compute_advantages
+from prorl_bench.tasks.base import symbol_task
 
 from .conftest import make_config
 
@@ -59,7 +59,7 @@ def test_toy_advantage_estimator_trains(toy_options, run_exp):
 
 def test_toy_task_trains(toy_options, run_exp):
     cfg = make_config(["task.name=toy_double", "task.min_len=2", "task.max_len=3"])
-    from prorl_bench.tasks import make_task
+    from prorl_bench.tasks.base import make_task
 
     task = make_task(cfg.task)
     problem = task.sample_train(random.Random(0), 1)[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prorl_bench.config import ConfigError
-from prorl_bench.outputs import read_jsonl
+from prorl_bench.run.outputs import read_jsonl
 
 from .conftest import FAST, make_config, strip_timing
 
@@ -87,7 +87,7 @@ def test_sigterm_checkpoints_with_status_preempted_and_resume_completes(tmp_path
 
 
 def test_checkpoints_keep_last_n_and_resume_refuses_a_different_config(run_exp, base_cache):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     summary, d = run_exp(["checkpoint.every=2", "checkpoint.keep_last=2"], name="ck")
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == [
@@ -105,7 +105,7 @@ def test_checkpoints_keep_last_n_and_resume_refuses_a_different_config(run_exp, 
 
 
 def test_resume_with_growth_and_resets_restores_adapter_rank(run_exp, tmp_path, base_cache):
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     knobs = FAST + [
         "variant=C",
@@ -130,7 +130,7 @@ def test_resume_with_growth_and_resets_restores_adapter_rank(run_exp, tmp_path, 
 
 
 def test_skip_batch_guard_counts_and_continues(run_exp, monkeypatch):
-    import prorl_bench.trainer as trainer
+    import prorl_bench.run.trainer as trainer
 
     real = trainer.clipped_surrogate
     calls = {"n": 0}
@@ -157,12 +157,12 @@ def test_nan_config_values_are_rejected():
 def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path, base_cache, monkeypatch):
     """A NaN mid-run: the run stops with stage and tensor named, summary.json says failed (as the
     app writes it), and the aggregator lists it as failed beside the completed run."""
-    import prorl_bench.trainer as trainer
-    from prorl_bench.aggregate import run_table
-    from prorl_bench.app import failed_summary
-    from prorl_bench.guards import NonFiniteError
-    from prorl_bench.outputs import write_summary
-    from prorl_bench.sweepdir import load_sweep
+    import prorl_bench.run.trainer as trainer
+    from prorl_bench.cli.app import failed_summary
+    from prorl_bench.run.guards import NonFiniteError
+    from prorl_bench.run.outputs import write_summary
+    from prorl_bench.sweeps.aggregate import run_table
+    from prorl_bench.sweeps.sweepdir import load_sweep
 
     sweep = tmp_path / "sweep"
     for seed in (0, 1):
@@ -198,8 +198,8 @@ def _record(d: Path) -> dict[str, bytes]:
 
 
 def test_record_snapshot_restores_bytes_and_detects_new_steps(tmp_path):
-    from prorl_bench.outputs import FINISHED_CONFIG, FINISHED_SUMMARY
-    from prorl_bench.record import RecordSnapshot
+    from prorl_bench.run.outputs import FINISHED_CONFIG, FINISHED_SUMMARY
+    from prorl_bench.run.record import RecordSnapshot
 
     d = tmp_path
     (d / "summary.json").write_text(json.dumps({"status": "completed", "steps_completed": 2}))
@@ -228,13 +228,13 @@ def _cli(d, cache, *extra, inject: str | None = None):
             f"hydra.run.dir={d}", *extra]  # fmt: skip
     if inject is None:
         return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600)
-    code = f"{inject}\nimport sys\nfrom prorl_bench.app import main\n"
+    code = f"{inject}\nimport sys\nfrom prorl_bench.cli.app import main\n"
     code += "sys.argv = ['prorl-bench', *sys.argv[1:]]\nmain()\n"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
 
 
 FAIL_AT_THE_SECOND_NEW_STEP = """
-import prorl_bench.trainer as t
+import prorl_bench.run.trainer as t
 real, calls = t.score_details, []
 def score_details(*a, **k):
     calls.append(1)
@@ -247,8 +247,8 @@ t.score_details = score_details
 
 @pytest.mark.slow
 def test_a_finished_run_keeps_its_record_through_refused_and_failed_restarts(tmp_path, base_cache):
-    from prorl_bench.outputs import FINISHED_CONFIG, FINISHED_SUMMARY
-    from prorl_bench.sweepdir import load_run
+    from prorl_bench.run.outputs import FINISHED_CONFIG, FINISHED_SUMMARY
+    from prorl_bench.sweeps.sweepdir import load_run
 
     d = tmp_path / "run"
     r = _cli(d, base_cache)

@@ -12,10 +12,10 @@ from prorl_bench.config import (
     ResetConfig,
     StepPolicy,
 )
-from prorl_bench.kl_control import KLController
-from prorl_bench.opt_state import apply_opt_reset, check_adam_state
-from prorl_bench.resets import ResetSchedule, reset_reference
-from prorl_bench.schedule import LRSchedule
+from prorl_bench.rl.kl_control import KLController
+from prorl_bench.rl.opt_state import apply_opt_reset, check_adam_state
+from prorl_bench.rl.resets import ResetSchedule, reset_reference
+from prorl_bench.rl.schedule import LRSchedule
 
 # ----------------------------------------------------------------------------- optimizer transforms
 

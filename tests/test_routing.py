@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-from prorl_bench.dual_lora import adapter_scales, attach_dual_lora, route_rows
+from prorl_bench.models.dual_lora import adapter_scales, attach_dual_lora, route_rows
 
 
 class Net(nn.Module):
@@ -73,8 +73,8 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 
 from prorl_bench.config import ConfigError  # noqa: E402
-from prorl_bench.detectors import build_detector  # noqa: E402
-from prorl_bench.hack_task import BONUS, HackTask  # noqa: E402
+from prorl_bench.tasks.detectors import build_detector  # noqa: E402
+from prorl_bench.tasks.hack_task import BONUS, HackTask  # noqa: E402
 
 from .conftest import make_config, strip_timing  # noqa: E402
 
@@ -169,8 +169,8 @@ def _logits(policy, tok, prompts=("R123=", "R98765=")):
 def test_sample_and_export_a_routed_run(run_exp, tmp_path, capsys):
     """prorl-bench-sample / -export on a routed run dir: --mode and --scales pick the adapter scales;
     an export at (1, 0) has the logits of the run's policy with the forget adapter ablated."""
-    from prorl_bench.dual_lora import adapter_scales, dual_layers, fold_dual
-    from prorl_bench.export import load_native, load_run, main, sample_main
+    from prorl_bench.cli.export import load_native, load_run, main, sample_main
+    from prorl_bench.models.dual_lora import adapter_scales, dual_layers, fold_dual
 
     _, run_dir = run_exp([*ROUTED, "steps=3", "eval_every=3", "algo.lr=0.05"], "routed")
     policy, tok, cfg, step = load_run(run_dir)
@@ -207,7 +207,7 @@ def test_sample_and_export_a_routed_run(run_exp, tmp_path, capsys):
 
 
 def test_scales_on_a_run_without_dual_adapters_fail_loudly(run_exp, capsys):
-    from prorl_bench.export import sample_main
+    from prorl_bench.cli.export import sample_main
 
     _, run_dir = run_exp(["adapter=lora", "steps=1", "eval_every=1", "eval.at_start=false"], "lora")
     assert sample_main([str(run_dir), "--prompt", "R12=", "--mode", "retain"]) == 2
@@ -215,7 +215,7 @@ def test_scales_on_a_run_without_dual_adapters_fail_loudly(run_exp, capsys):
 
 
 def test_dual_adapters_are_not_exported_silently(tmp_path):
-    from prorl_bench.export import export_policy
+    from prorl_bench.cli.export import export_policy
 
     cfg = make_config(["adapter=dual_lora"])
     with pytest.raises(ConfigError, match="dual_lora"):
@@ -224,7 +224,7 @@ def test_dual_adapters_are_not_exported_silently(tmp_path):
 
 def test_dual_adapters_on_an_hf_model(tiny_hf_dir, tmp_path):
     """adapter=dual_lora on a Hugging Face checkpoint (HF module names), routed by the pattern detector."""
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     cfg = make_config(
         [

@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from prorl_bench import detectors
 from prorl_bench.config import ConfigError
-from prorl_bench.detectors import Oversight, build_detector, detector_quality, stream_uniforms
-from prorl_bench.hack_task import COMPETE_BONUS as BONUS
-from prorl_bench.hack_task import CompeteTask
-from prorl_bench.routing import Router, penalized, route_backward, subset_advantages
-from prorl_bench.tasks import Problem
+from prorl_bench.run.routing import Router, penalized, route_backward, subset_advantages
+from prorl_bench.tasks import detectors
+from prorl_bench.tasks.base import Problem
+from prorl_bench.tasks.detectors import Oversight, build_detector, detector_quality, stream_uniforms
+from prorl_bench.tasks.hack_task import COMPETE_BONUS as BONUS
+from prorl_bench.tasks.hack_task import CompeteTask
 
 from .conftest import make_config, strip_timing
 from .test_routing import _net
@@ -188,7 +188,7 @@ def test_penalize_subtracts_the_penalty_before_advantages(monkeypatch):
 def test_split_backward_routes_each_adapter_to_its_own_loss():
     """retain adapter <- gradient of the loss with split advantages over unlabelled rows; forget
     adapter <- gradient of the loss with group advantages over every row (one forward)."""
-    from prorl_bench.dual_lora import route_rows
+    from prorl_bench.models.dual_lora import route_rows
 
     n = _net()
     x = torch.randn(8, 6)
@@ -273,7 +273,7 @@ def test_routing_config_is_checked(overrides, match):
 
 
 def test_penalize_needs_a_bonus_or_a_penalty():
-    from prorl_bench.tasks import make_task
+    from prorl_bench.tasks.base import make_task
 
     cfg = make_config(["task=reverse_digits", "adapter=lora", "detector=hack_pattern", "route.use=penalize"])
     with pytest.raises(ConfigError, match="route.penalty=None"):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from prorl_bench.rollout import _NEG, nucleus
+from prorl_bench.models.rollout import _NEG, nucleus
 
 from .conftest import make_config
 
@@ -57,9 +57,9 @@ def test_small_top_p_samples_the_top_token_and_the_loss_keeps_the_full_distribut
     """top_p -> 0 leaves only the most likely token: sampling equals greedy decoding. The logprobs
     the loss uses are still those of the whole tempered distribution (TRL/verl), so they are < 0
     where a renormalised nucleus would give log 1 = 0."""
-    from prorl_bench.model import TransformerPolicy
-    from prorl_bench.rollout import generate, token_logprobs
-    from prorl_bench.tokenizers import CharTokenizer
+    from prorl_bench.models.model import TransformerPolicy
+    from prorl_bench.models.rollout import generate, token_logprobs
+    from prorl_bench.models.tokenizers import CharTokenizer
 
     tok = CharTokenizer()
     torch.manual_seed(0)

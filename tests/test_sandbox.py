@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from prorl_bench.sandbox import SandboxLimits, isolation_level, run_many, run_program
+from prorl_bench.tasks.sandbox import SandboxLimits, isolation_level, run_many, run_program
 
 LIM = SandboxLimits(wall_s=2.0, cpu_s=2, memory_bytes=256 * 2**20)
 SLACK = SandboxLimits(wall_s=20.0, cpu_s=2, memory_bytes=256 * 2**20)

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from prorl_bench.code_task import DATA_DIR, CodeTask
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
-from prorl_bench.sandbox import WALL_MARGIN_S, SandboxLimits, isolation, run_program
+from prorl_bench.tasks.code_task import DATA_DIR, CodeTask
+from prorl_bench.tasks.sandbox import WALL_MARGIN_S, SandboxLimits, isolation, run_program
 
 ISO = isolation()
 if ISO.level != "full":

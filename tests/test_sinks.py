@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from prorl_bench import sinks
 from prorl_bench.config import ConfigError, register_configs, to_config
+from prorl_bench.run import sinks
 from prorl_bench.searchpath import CONF_DIR
 
 register_configs()
@@ -84,7 +84,7 @@ def test_sinks_off_by_default_and_missing_extra_is_a_config_error(tmp_path, monk
 
 
 def _train(tmp_path: Path, overrides: list[str]) -> Path:
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     run_dir = tmp_path / "run"
     train(_config(TINY + overrides), run_dir, tmp_path / "cache", threads=1)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prorl_bench import stats
+from prorl_bench.sweeps import stats
 
 
 def test_mean_ci_uses_student_t_quantiles():

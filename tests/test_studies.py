@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 from prorl_bench.config import register_configs, to_config
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import CONF_DIR, SWEEPS_DIR
-from prorl_bench.study import StudyConfig, study_from_dict
-from prorl_bench.sweep import plan_jobs
+from prorl_bench.sweeps.study import StudyConfig, study_from_dict
+from prorl_bench.sweeps.sweep import plan_jobs
 
 register_configs()
 STUDIES = ["reset_semantics", "adam_step_hazard", "coverage", "routing", "ablation", "ablation_small"]

@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import FAST
 
-SWEEP = [sys.executable, "-m", "prorl_bench.sweep"]
+SWEEP = [sys.executable, "-m", "prorl_bench.sweeps.sweep"]
 
 
 # Subprocess limits are hang guards only, far above any run time on a loaded 2-core machine: a test
@@ -244,7 +244,7 @@ def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
 
 def test_resume_refuses_what_it_cannot_do(tmp_path, capsys):
     """--resume needs a multirun directory, and adds only launcher settings to the recorded jobs."""
-    from prorl_bench.sweep import main
+    from prorl_bench.sweeps.sweep import main
 
     assert main(["--resume", str(tmp_path)]) == 2
     assert "multirun.yaml not found" in capsys.readouterr().err
@@ -264,7 +264,7 @@ def test_resume_replays_the_recorded_command(tmp_path):
     replaces its recorded value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from prorl_bench.sweep import resume_args
+    from prorl_bench.sweeps.sweep import resume_args
 
     sweep_dir = tmp_path / "a dir, with=odd 'chars'"
     sweep_dir.mkdir()

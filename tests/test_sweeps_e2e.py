@@ -45,7 +45,7 @@ def failing_sweep(tmp_path_factory, sweep_cache):
     sweep_dir = tmp / "sweep"
     args = [
         "-m",
-        "prorl_bench.sweep",
+        "prorl_bench.sweeps.sweep",
         "--no-validate",  # B with k1 in the reward is invalid: here it must fail as a job, at run time
         "+sweep=ablation",
         "+arm=A1,A2,B",
@@ -94,7 +94,7 @@ def test_jobs_are_isolated_in_a_reused_process(tmp_path, sweep_cache):
     multi = _run(
         [
             "-m",
-            "prorl_bench.app",
+            "prorl_bench.cli.app",
             "-m",
             "+sweep=ablation",
             "+arm=A1",
@@ -110,7 +110,7 @@ def test_jobs_are_isolated_in_a_reused_process(tmp_path, sweep_cache):
     single = _run(
         [
             "-m",
-            "prorl_bench.app",
+            "prorl_bench.cli.app",
             "seed=0",
             "hardware.torch_threads=1",
             "progress=false",
@@ -130,7 +130,7 @@ def test_submitit_local_runs_a_grid_end_to_end(tmp_path, sweep_cache):
     proc = _run(
         [
             "-m",
-            "prorl_bench.app",
+            "prorl_bench.cli.app",
             "-m",
             "hydra/launcher=submitit_local",
             "variant=A1,B",
@@ -174,7 +174,7 @@ def test_a_study_grid_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache):
     """+sweep=adam_step_hazard, 2 seeds x 4 arms x 6 steps: every job completes, the table is paired
     against the study's own baseline and states n."""
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "prorl_bench.sweep", "+sweep=adam_step_hazard", "seed=0,1"]
+    args = ["-m", "prorl_bench.sweeps.sweep", "+sweep=adam_step_hazard", "seed=0,1"]
     args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
     args += ["reset.every=2", "eval.n_samples=4", "eval.ks=[1,4]"]
     proc = _run(args, cwd=tmp_path)
@@ -192,7 +192,7 @@ def test_the_routing_study_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache
     """+sweep=routing, 2 seeds x 2 arms x 6 steps: the table has the routing columns and pairs the
     routed arm with the plain LoRA of equal rank; the routing figure is drawn."""
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "prorl_bench.sweep", "+sweep=routing", "seed=0,1"]
+    args = ["-m", "prorl_bench.sweeps.sweep", "+sweep=routing", "seed=0,1"]
     args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
     args += ["eval.n_samples=4", "eval.ks=[1,4]"]
     proc = _run(args, cwd=tmp_path)

@@ -6,7 +6,7 @@ import pytest
 
 from prorl_bench.config import ConfigError, RewardKind, TaskConfig
 from prorl_bench.registry import TASKS
-from prorl_bench.tasks import CharTokenizer, make_task, partial_reward
+from prorl_bench.tasks.base import CharTokenizer, make_task, partial_reward
 
 BUILTIN = [t for t in TASKS.names() if TASKS.meta(t).get("symbols")]  # the digit/bit tasks (symbol_task)
 

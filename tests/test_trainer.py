@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from prorl_bench.outputs import read_jsonl
+from prorl_bench.run.outputs import read_jsonl
 
 from .conftest import strip_timing
 
@@ -31,7 +31,7 @@ def test_a0_a1_a2_identical_trajectories_and_ref_forward_ratio(run_exp):
 
 
 def test_variant_b_builds_no_reference_and_does_no_reference_forward(run_exp, monkeypatch):
-    import prorl_bench.reference as reference
+    import prorl_bench.rl.reference as reference
 
     def boom(_):
         raise AssertionError("variant B must not copy the policy into a reference model")
@@ -56,7 +56,8 @@ def test_same_seed_same_metrics_apart_from_timing(run_exp):
 
 
 def test_a2_buffer_is_allocated_once(base_cache, tmp_path):
-    from prorl_bench import reference, trainer
+    from prorl_bench.rl import reference
+    from prorl_bench.run import trainer
 
     from .conftest import FAST, make_config
 
@@ -111,7 +112,7 @@ def test_algorithm_knobs_run(run_exp, knobs):
 
 
 def test_nan_loss_fails_naming_stage_and_tensor(run_exp, monkeypatch):
-    import prorl_bench.trainer as trainer
+    import prorl_bench.run.trainer as trainer
 
     real = trainer.clipped_surrogate
 
@@ -120,7 +121,7 @@ def test_nan_loss_fails_naming_stage_and_tensor(run_exp, monkeypatch):
         return loss * float("nan"), clipped
 
     monkeypatch.setattr(trainer, "clipped_surrogate", poisoned)
-    from prorl_bench.guards import NonFiniteError
+    from prorl_bench.run.guards import NonFiniteError
 
     with pytest.raises(NonFiniteError, match="'loss/total' at step 1, stage 'update'"):
         run_exp([], name="nan")
@@ -138,7 +139,7 @@ def test_trainer_reads_as_the_algorithm():
     import ast
     from pathlib import Path
 
-    import prorl_bench.trainer as trainer
+    import prorl_bench.run.trainer as trainer
 
     source = Path(trainer.__file__).read_text()
     lengths = {

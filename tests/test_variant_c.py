@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from prorl_bench.outputs import read_jsonl
+from prorl_bench.run.outputs import read_jsonl
 
 from .conftest import FAST, make_config, strip_timing
 
@@ -33,8 +33,8 @@ def test_presets_pin_their_recipes():
 
 
 def test_periodic_reset_makes_the_reference_equal_to_the_policy(base_cache, tmp_path, monkeypatch):
-    import prorl_bench.reference as reference
-    import prorl_bench.trainer as trainer
+    import prorl_bench.rl.reference as reference
+    import prorl_bench.run.trainer as trainer
 
     snapshots = []
     real = reference.reset_reference
@@ -76,7 +76,7 @@ def test_resets_require_variant_c_and_adaptive_beta_is_logged(run_exp):
 def test_step_counter_hazard_warns_at_config_time():
     import warnings
 
-    from prorl_bench.resets import StepCounterHazardWarning
+    from prorl_bench.rl.resets import StepCounterHazardWarning
 
     hazard = ["variant=C", "reset=periodic", "reset.every=10", "opt_reset=soft", "opt_reset.factor=0.0"]
     with pytest.warns(StepCounterHazardWarning, match="ratchets up"):

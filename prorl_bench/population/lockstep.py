@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench import rollout
+from prorl_bench.models import rollout
 from prorl_bench.population.sampling import SampleRequest, generate_population
 
 _ORIGINAL_GENERATE = rollout.generate
@@ -243,9 +243,9 @@ _MEMBER_TIME = _MemberTime()
 
 
 def _set_generate(old, new) -> None:
-    import prorl_bench.accounting as accounting
-    import prorl_bench.evaluation  # noqa: F401  (callers of generate that must be loaded to be patched)
-    import prorl_bench.trainer  # noqa: F401
+    import prorl_bench.run.accounting as accounting
+    import prorl_bench.run.evaluation  # noqa: F401  (callers of generate that must be loaded to be patched)
+    import prorl_bench.run.trainer  # noqa: F401
 
     accounting.time = _MEMBER_TIME if new is _generate else time
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from prorl_bench.model import TransformerPolicy, positions
+from prorl_bench.models.model import TransformerPolicy, positions
 
 
 @dataclass

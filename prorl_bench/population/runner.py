@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prorl_bench.checkpoint import _flatten, config_dict
 from prorl_bench.config import AdapterKind, Config, ConfigError, GrowthKind, ModelKind
-from prorl_bench.guards import Preempted
-from prorl_bench.outputs import write_summary
 from prorl_bench.population.lockstep import Lockstep
-from prorl_bench.rundir import RunDirBusy, has_previous_run
+from prorl_bench.run.checkpoint import _flatten, config_dict
+from prorl_bench.run.guards import Preempted
+from prorl_bench.run.outputs import write_summary
+from prorl_bench.run.rundir import RunDirBusy, has_previous_run
 
 # Keys members may differ in: the seeds, and where and how a run reports.
 MEMBER_KEYS = ("seed", "warmup.seed", "run_dir", "progress")
@@ -85,9 +85,9 @@ def prepare_bases(cfgs: list[Config], cache_root: Path, threads: int = 1) -> Non
     """
     import torch
 
-    from prorl_bench.policies import build_tokenizer, load_base_policy
-    from prorl_bench.tasks import make_task
-    from prorl_bench.trainer import resolve_device
+    from prorl_bench.models.policies import build_tokenizer, load_base_policy
+    from prorl_bench.run.trainer import resolve_device
+    from prorl_bench.tasks.base import make_task
 
     torch.set_num_threads(threads)
     done: set[str] = set()
@@ -110,7 +110,7 @@ def run_population(
     ``stop_file``: when it appears, every member checkpoints at its next step end and stops
     (``Preempted``), as a sweep's STOP file stops its jobs; re-running the same jobs resumes them.
     """
-    from prorl_bench.trainer import train
+    from prorl_bench.run.trainer import train
 
     check_population(jobs)
     prepare_bases([j.cfg for j in jobs], cache_root, threads)
@@ -138,7 +138,7 @@ def run_population(
 def _record_dropped(e: BaseException, run_dir: Path, had_run: bool, size: int) -> None:
     """A failed member's summary (as ``app.run`` writes one), marked as dropped from its population —
     unless writing would overwrite another run's record (a busy directory, a refused resume)."""
-    from prorl_bench.app import failed_summary
+    from prorl_bench.cli.app import failed_summary
 
     if isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run):
         return

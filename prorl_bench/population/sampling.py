@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from prorl_bench.model import positions
+from prorl_bench.models.model import positions
+from prorl_bench.models.sampling import Rollout, draw, filter_logits, policy_logits
 from prorl_bench.population.model import StackedPolicy, stackable
-from prorl_bench.sampling import Rollout, draw, filter_logits, policy_logits
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Command-line entry points: the training app, export, sampling, config help and name translation."""

@@ -1,0 +1,270 @@
+"""Reference resets: when to reset (registered triggers) and what a reset does to pi_ref.
+
+Triggers are small state machines fed one step at a time (``observe_step``) and one held-out
+evaluation at a time (``observe_validation``); ``ResetSchedule.due(step)`` returns the reason for a
+reset or None. They are pure Python (no torch), so they are unit-tested on synthetic metric streams.
+A global ``min_spacing`` suppresses a reset closer than that to the previous one. What a reset does
+is ``reset_reference`` with ``ResetSchedule.alpha`` (1 = a copy).
+
+A trigger states what the rest of the bench needs to know about it: ``period(cfg)`` (it fires every
+N steps whatever the run does, which the step-counter warning below reads), its own parameters
+(``@RESET_TRIGGERS.register(name, params=MyParams)`` checks ``reset.params`` against the dataclass;
+the instance is ``self.params``), and its checkpointed ``STATE``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from prorl_bench.config import Config, ConfigError, ResetConfig, StepPolicy
+from prorl_bench.registry import RESET_TRIGGERS, config_check
+from prorl_bench.rl.opt_state import transform_factors
+
+
+class Trigger:
+    """When to reset: fed one step (``observe_step``) and one held-out evaluation
+    (``observe_validation``) at a time; ``fire(step)`` returns a reason or None.
+
+    Adding a trigger: subclass, decorate with ``@RESET_TRIGGERS.register("name")`` and select it
+    with ``reset.trigger=name``; ``validate`` states its config requirements (ConfigError). What a
+    reset *does* (copy, or an alpha-mix) is ``reset.alpha``, independent of the trigger; ``alpha``
+    below is only the trigger's default for it.
+    """
+
+    alpha = 1.0  # default pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref when reset.alpha is null
+    STATE: tuple[str, ...] = ()  # attributes saved in checkpoints
+
+    def __init__(self, cfg: ResetConfig, name: str) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.params = RESET_TRIGGERS.params(name, cfg.params, "reset.params")  # None: it declared none
+
+    @classmethod
+    def validate(cls, cfg: ResetConfig) -> None:
+        """Raise ConfigError if ``cfg`` lacks what this trigger needs (``reset.params`` is checked
+        against the registered params dataclass before this)."""
+
+    @classmethod
+    def period(cls, cfg: ResetConfig) -> int | None:
+        """Steps between resets when the trigger fires on a clock (whatever the run's signals), else
+        None. Frequent clocked resets compound the step-counter hazard (``warn_step_counter_hazard``)."""
+        return None
+
+    def observe_step(self, step: int, kl_ref: float | None) -> None:
+        """The step's KL to the reference (nats/token), None without a reference."""
+
+    def observe_validation(self, value: float) -> None:
+        """One held-out evaluation of ``reset.metric`` (regular evaluations only)."""
+
+    def fire(self, step: int) -> str | None:
+        """Reason for a reset at the end of ``step``, or None; consumes a pending condition."""
+        return None
+
+    def on_reset(self) -> None:
+        """The reference was reset: statistics relative to the old reference start over."""
+
+
+@RESET_TRIGGERS.register("none")
+class Never(Trigger):
+    """No resets (variants A0-A2 and B, and C without resets)."""
+
+
+@RESET_TRIGGERS.register("periodic")
+class Periodic(Trigger):
+    """Every ``reset.every`` steps."""
+
+    @classmethod
+    def period(cls, cfg: ResetConfig) -> int | None:
+        return cfg.every
+
+    def fire(self, step: int) -> str | None:
+        return f"{self.name}: every {self.cfg.every} steps" if step % self.cfg.every == 0 else None
+
+
+@RESET_TRIGGERS.register("polyak")
+class Polyak(Periodic):
+    """TRL's ``sync_ref_model``: every ``reset.every`` steps with a default mix of ``reset.alpha``
+    = 0.6 (``ref_model_mixup_alpha``)."""
+
+    alpha = 0.6
+
+
+@RESET_TRIGGERS.register("kl_spike")
+class KLSpike(Trigger):
+    """KL to the reference above ``kl_threshold``, or above ``kl_multiple`` x its running mean
+    (EMA with decay ``kl_ema``, after ``kl_warmup`` steps of history)."""
+
+    STATE = ("kl_mean", "kl_seen", "_pending")
+
+    def __init__(self, cfg: ResetConfig, name: str) -> None:
+        super().__init__(cfg, name)
+        self.kl_mean: float | None = None
+        self.kl_seen = 0
+        self._pending: str | None = None
+
+    @classmethod
+    def validate(cls, cfg: ResetConfig) -> None:
+        if cfg.kl_threshold is None and cfg.kl_multiple is None:
+            raise ConfigError(
+                f"invalid config value reset.kl_threshold={cfg.kl_threshold!r}: allowed a value (or "
+                "reset.kl_multiple) when reset.trigger=kl_spike"
+            )
+
+    def observe_step(self, step: int, kl_ref: float | None) -> None:
+        c = self.cfg
+        if kl_ref is None or math.isnan(kl_ref):
+            return
+        if c.kl_threshold is not None and kl_ref > c.kl_threshold:
+            self._pending = f"kl_spike: kl/ref={kl_ref:.4g} > threshold {c.kl_threshold:g}"
+        elif (
+            c.kl_multiple is not None
+            and self.kl_mean is not None
+            and self.kl_seen >= c.kl_warmup
+            and kl_ref > c.kl_multiple * self.kl_mean
+        ):
+            self._pending = f"kl_spike: kl/ref={kl_ref:.4g} > {c.kl_multiple:g} x running mean {self.kl_mean:.4g}"
+        # the running mean excludes the spike it is compared with
+        self.kl_mean = kl_ref if self.kl_mean is None else c.kl_ema * self.kl_mean + (1 - c.kl_ema) * kl_ref
+        self.kl_seen += 1
+
+    def fire(self, step: int) -> str | None:
+        reason, self._pending = self._pending, None
+        return reason
+
+    def on_reset(self) -> None:
+        self.kl_mean, self.kl_seen = None, 0
+
+
+@RESET_TRIGGERS.register("stall")
+class Stall(Trigger):
+    """``reset.metric`` has not improved on its best by more than ``min_delta`` for ``patience``
+    evaluations."""
+
+    STATE = ("best", "stale", "_pending")
+
+    def __init__(self, cfg: ResetConfig, name: str) -> None:
+        super().__init__(cfg, name)
+        self.best: float | None = None
+        self.stale = 0  # evaluations since the best one
+        self._pending: str | None = None
+
+    def observe_validation(self, value: float) -> None:
+        if self.best is None or value > self.best + self.cfg.min_delta:
+            self.best, self.stale = value, 0
+            return
+        self.stale += 1
+        if self.stale >= self.cfg.patience:
+            self._pending = (
+                f"stall: {self.cfg.metric.value} has not improved on {self.best:.4g} for {self.stale} evaluations"
+            )
+
+    def fire(self, step: int) -> str | None:
+        reason, self._pending = self._pending, None
+        return reason
+
+    def on_reset(self) -> None:
+        self.best, self.stale = None, 0
+
+
+class ResetSchedule:
+    """Decides, at each step boundary, whether the reference is reset and why: the configured
+    trigger, with a global ``min_spacing`` (a condition closer than that to the previous reset is
+    dropped, not queued). Growth uses the same triggers (growth.py)."""
+
+    def __init__(self, cfg: ResetConfig) -> None:
+        self.cfg = cfg
+        self.trigger: Trigger = RESET_TRIGGERS[cfg.trigger](cfg, cfg.trigger)
+        self.last_reset = 0  # step of the previous reset (0 = start of training)
+
+    @property
+    def alpha(self) -> float:
+        """Mixing weight of pi_theta at a reset: ``reset.alpha``, or the trigger's default."""
+        return self.trigger.alpha if self.cfg.alpha is None else self.cfg.alpha
+
+    def observe_step(self, step: int, kl_ref: float | None) -> None:
+        self.trigger.observe_step(step, kl_ref)
+
+    def observe_validation(self, value: float) -> None:
+        self.trigger.observe_validation(value)
+
+    def due(self, step: int) -> str | None:
+        """Reason for a reset at the end of ``step``, or None. Consumes the pending condition."""
+        reason = self.trigger.fire(step)
+        if reason is None:
+            return None
+        if step - self.last_reset < self.cfg.min_spacing and self.last_reset > 0:
+            return None  # too close to the previous reset; the condition is dropped, not queued
+        return reason
+
+    def mark_reset(self, step: int) -> None:
+        self.last_reset = step
+        self.trigger.on_reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_reset": self.last_reset, **{k: getattr(self.trigger, k) for k in self.trigger.STATE}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_reset = state["last_reset"]
+        for k in self.trigger.STATE:
+            setattr(self.trigger, k, state[k])
+
+
+FREQUENT_RESETS = 25  # steps: at or below this period the step-counter hazard compounds (measured)
+
+
+class StepCounterHazardWarning(UserWarning):
+    """soft/asym shrinks Adam's v while keeping its step counter, at frequent resets."""
+
+
+@config_check
+def warn_step_counter_hazard(cfg: Config) -> None:
+    """Scaling Adam's second moment v down while keeping ``step`` removes the bias correction's
+    compensation: each reset multiplies the effective step size, and v recovers only at (1 - beta2)
+    per step. Repeated every <= 25 steps it collapsed learning (success 0.000 vs 0.61-0.70 for hard,
+    3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time. Reads what the
+    options declare: the transform's factors and step policy, the trigger's ``period``."""
+    o, r = cfg.opt_reset, cfg.reset
+    _, v_scale, reset_step = transform_factors(o)
+    period = RESET_TRIGGERS[r.trigger].period(r)
+    frequent = period is not None and period <= FREQUENT_RESETS
+    if cfg.variant.resets and v_scale < 1.0 and not reset_step and frequent:
+        warnings.warn(
+            f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step={StepPolicy.keep.value}, and "
+            f"resets come every {period} steps: the effective step size ratchets up at each reset (measured: "
+            "learning collapses). Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
+            StepCounterHazardWarning,
+            stacklevel=4,
+        )
+
+
+@torch.no_grad()
+def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float = 1.0) -> None:
+    """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter (alpha=1: a copy).
+
+    Buffers are copied. Parameter names and shapes must match exactly (fails loudly otherwise).
+    A reference that is not a copy of the policy (``reference.AdapterReference``) resets itself.
+    """
+    if hasattr(ref, "reset_from"):
+        ref.reset_from(policy, alpha)
+        return
+    ref_params = dict(ref.named_parameters())
+    pol_params = dict(policy.named_parameters())
+    if ref_params.keys() != pol_params.keys():
+        missing = sorted(set(pol_params) ^ set(ref_params))[:5]
+        raise ValueError(f"reference and policy parameters differ: {missing}")
+    for name, p in pol_params.items():
+        r = ref_params[name]
+        if r.shape != p.shape:
+            raise ValueError(f"reference parameter {name} has shape {tuple(r.shape)}, policy {tuple(p.shape)}")
+        if alpha == 1.0 or not p.requires_grad:
+            # a frozen parameter equals its reference copy: mixing would only add rounding
+            # (0.4 w + 0.6 w != w in floats), so the frozen base is copied exactly
+            r.copy_(p)
+        else:
+            r.mul_(1.0 - alpha).add_(p, alpha=alpha)
+    for b_ref, b_pol in zip(ref.buffers(), policy.buffers()):
+        b_ref.copy_(b_pol)

@@ -1,0 +1,1 @@
+"""One run: the trainer's phases, lifecycle, guards, evaluation, accounting, records and outputs."""

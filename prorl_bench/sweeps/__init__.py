@@ -1,0 +1,1 @@
+"""Many runs: the sweep CLI, aggregation, statistics, studies and plots."""

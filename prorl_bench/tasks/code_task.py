@@ -1,0 +1,249 @@
+"""``task=code``: the policy writes a Python function; unit tests run it in the sandbox.
+
+Problems come from JSONL files (one object per line, loaded with ``json`` only — nothing in a data
+file is executed by the bench itself). The schema, close to MBPP / HumanEval::
+
+    {"id": "add_two",                      # unique across the train and held-out files
+     "prompt": "Return the sum of ...",    # the natural-language specification
+     "entry_point": "add_two",             # the function the tests call
+     "signature": "def add_two(a, b):",    # optional; else read from "solution", else the name
+     "tests": [{"args": [1, 2], "expected": 3}, ...],   # positional arguments and the JSON result
+     "solution": "def add_two(a, b): ...", # optional reference (tests check every shipped one)
+     "difficulty": "easy"}                 # optional label: validation reports per label
+
+A sample's program is extracted from the completion (the last fenced ```python block, else a
+``<code></code>`` span, else the whole completion) and run in the sandbox (``sandbox.py``): a trusted runner
+forks one child per test, which executes the program and calls the entry point on that test's arguments;
+only the JSON-encoded return value comes back, over a pipe the program's output never reaches. The expected
+values never enter the sandbox: this process compares. Printing "passed", forging result lines or exiting
+early earns nothing (tests/test_sandbox_hostile.py). The isolation in force is printed when the task is
+built; below ``full`` the task refuses to run unless ``task.code.allow_weak_isolation=true``.
+
+Reward: fraction of tests passed (``task.reward=partial``) or 1 only if all pass (``exact``);
+success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``), logged per step as
+``code/fail/<class>`` (fractions of the rollout) and written with the validation samples.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prorl_bench.config import PromptStyle, TaskConfig
+from prorl_bench.registry import TASKS, ConfigError
+from prorl_bench.tasks.base import Problem, jsonl_objects
+from prorl_bench.tasks.sandbox import (
+    FAIL_CLASSES,
+    Isolation,
+    SandboxLimits,
+    SandboxResult,
+    default_hidden,
+    isolation,
+    isolation_level,
+    run_many,
+)
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "code"
+# One class per sample (sandbox.FAIL_CLASSES). ok: every test passed; no_code: nothing to run;
+# syntax_error: the program does not compile; timeout / memory / killed: the sandbox stopped it (wall or
+# CPU time, memory, a signal); output_limit: it wrote more than the cap to stdout or stderr, or returned
+# a value larger than the cap; exception: it raised (at top level, or in at least one test) or exited
+# before a test returned; wrong_answer: it ran every test without raising and at least one result differs.
+INSTRUCTION = "Reply with the function in a ```python code block."
+REQUIRED = {"id": str, "prompt": str, "entry_point": str, "tests": list}
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_CODE_TAG = re.compile(r"<code>(.*?)</code>", re.DOTALL | re.IGNORECASE)
+_DEF = re.compile(r"^def\s+\w+\s*\(.*?\)\s*(?:->[^:]*)?:", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class CodeProblem(Problem):
+    """A Problem with its tests (the target string is unused: the verifier runs the tests)."""
+
+    id: str = ""
+    entry_point: str = ""
+    tests: tuple = field(default=(), compare=False, hash=False, repr=False)
+    solution: str = field(default="", compare=False, hash=False, repr=False)
+
+
+def load_problems(path: Path) -> list[dict[str, Any]]:
+    """Parse and check a problem file; every error names the file and line."""
+    rows = []
+    for where, row in jsonl_objects(path):
+        for key, typ in REQUIRED.items():
+            if not isinstance(row.get(key), typ):
+                raise ConfigError(f"{where}: field {key!r} missing or not a {typ.__name__}")
+        if not row["entry_point"].isidentifier():
+            raise ConfigError(f"{where}: entry_point {row['entry_point']!r} is not a Python identifier")
+        if not row["tests"]:
+            raise ConfigError(f"{where}: 'tests' is empty")
+        for t in row["tests"]:
+            if not (isinstance(t, dict) and isinstance(t.get("args"), list) and "expected" in t):
+                raise ConfigError(f"{where}: every test needs 'args' (a list) and 'expected'")
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path}: no problems")
+    ids = [r["id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: duplicate problem ids {sorted({i for i in ids if ids.count(i) > 1})}")
+    return rows
+
+
+def extract_program(completion: str) -> str | None:
+    """The program in a completion: the last fenced python block, else a <code> span, else the text."""
+    blocks = _FENCE.findall(completion)
+    if blocks:
+        return blocks[-1]
+    tags = _CODE_TAG.findall(completion)
+    if tags:
+        return tags[-1]
+    text = completion.strip().strip("`")
+    return text or None
+
+
+def _same(got: Any, expected: Any) -> bool:
+    if isinstance(expected, float) or isinstance(got, float):
+        return (
+            isinstance(got, (int, float))
+            and isinstance(expected, (int, float))
+            and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
+        )
+    return type(got) is type(expected) and got == expected if isinstance(expected, bool) else got == expected
+
+
+def judge(result: SandboxResult, tests: Sequence[dict]) -> tuple[int, str]:
+    """(tests passed, failure class) of one sandboxed run: only the calls' return values count."""
+    calls = list(result.calls) + [None] * (len(tests) - len(result.calls))
+    passed = sum(
+        1 for got, t in zip(calls, tests) if got is not None and "value" in got and _same(got["value"], t["expected"])
+    )  # fmt: skip
+    errors = {c["error"] for c in calls if c is not None and "error" in c}
+    if result.status != "ok" and result.status != "exception":  # syntax, timeout, memory, killed, output_limit
+        return passed, result.status
+    if "MemoryError" in errors:  # raised inside a call: still the memory limit
+        return passed, "memory"
+    if result.status == "exception" or None in calls:  # crashed or exited before a call returned
+        return passed, "exception"
+    if passed == len(tests):
+        return passed, "ok"
+    if errors:
+        return passed, "exception"
+    return passed, "wrong_answer"
+
+
+class CodeTask:
+    """Problems from the train and held-out files; rewards from sandboxed unit tests."""
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        self.cfg = cfg
+        self.c = cfg.code
+        self.name = cfg.name
+        self.chat = self.c.prompt_style == PromptStyle.chat
+        train_path = Path(self.c.path) if self.c.path else DATA_DIR / "train.jsonl"
+        val_path = Path(self.c.val_path) if self.c.val_path else DATA_DIR / "val.jsonl"
+        self._train = [self._problem(r) for r in load_problems(train_path)]
+        self._val_all = [self._problem(r) for r in load_problems(val_path)]
+        overlap = {p.id for p in self._train} & {p.id for p in self._val_all}
+        if overlap:
+            ids = sorted(overlap)
+            raise ConfigError(f"invalid config value task.code.val_path: problem ids also in training: {ids}")
+        self._val_ids = {p.id for p in self._val_all}
+        self.limits = SandboxLimits(wall_s=self.c.timeout_s, cpu_s=max(1, math.ceil(self.c.timeout_s)),
+                                    memory_bytes=self.c.memory_mb * 2**20)  # fmt: skip
+        self.isolation = check_isolation(self.c.allow_weak_isolation)
+        # the problem files hold the expected answers: hidden from the sample even inside a bound tree
+        self.hidden = [*default_hidden(), str(train_path.resolve().parent), str(val_path.resolve().parent)]
+        self.max_prompt_len = 1 + max(len(p.prompt) for p in self._train + self._val_all)
+        if self.chat:
+            from prorl_bench.tasks.reasoning_gym_task import CHAT_TEMPLATE_ALLOWANCE
+
+            self.max_prompt_len += CHAT_TEMPLATE_ALLOWANCE
+        self.max_completion_len = self.c.max_completion_tokens
+
+    def _problem(self, row: dict[str, Any]) -> CodeProblem:
+        sig = row.get("signature") or next(iter(_DEF.findall(row.get("solution", ""))), None)
+        head = f"Write a Python function `{sig or row['entry_point']}`"
+        prompt = f"{head}: {row['prompt']} {INSTRUCTION}"
+        return CodeProblem(
+            prompt=prompt, target="", difficulty=str(row.get("difficulty", "")), id=row["id"],
+            entry_point=row["entry_point"], tests=tuple(row["tests"]), solution=row.get("solution", ""),
+        )  # fmt: skip
+
+    # -- the Task interface
+    def val_set(self) -> list[Problem]:
+        return list(self._val_all[: self.cfg.val_size])
+
+    def is_val(self, problem: Problem) -> bool:
+        return getattr(problem, "id", None) in self._val_ids
+
+    def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
+        return [self._train[rng.randrange(len(self._train))] for _ in range(n)]
+
+    def score(self, completion: str, problem: Problem) -> tuple[float, bool]:
+        reward, success, _ = self.score_many([completion], [problem])
+        return reward[0], success[0]
+
+    def score_many(
+        self, completions: Sequence[str], problems: Sequence[Problem]
+    ) -> tuple[list[float], list[bool], list[dict[str, Any]]]:
+        """Run every completion's program against its problem's tests, in parallel sandboxes.
+        Returns rewards, successes and per-sample info ({"fail": class, "passed": k, "tests": n})."""
+        programs = [extract_program(c) for c in completions]
+        todo = [i for i, prog in enumerate(programs) if prog is not None]
+        calls = [[t["args"] for t in problems[i].tests] for i in todo]
+        entry_points = [problems[i].entry_point for i in todo]
+        sources = [programs[i] for i in todo]
+        runs = run_many(sources, self.limits, self.c.workers, calls, entry_points, hide=self.hidden)
+        results = dict(zip(todo, runs))
+        rewards, success, infos = [], [], []
+        for i, p in enumerate(problems):
+            n = len(p.tests)
+            passed, fail = (0, "no_code") if i not in results else judge(results[i], p.tests)
+            ok = passed == n
+            rewards.append(float(ok) if self.cfg.reward.value == "exact" else passed / n)
+            success.append(ok)
+            infos.append({"fail": fail, "passed": passed, "tests": n})
+        return rewards, success, infos
+
+    @staticmethod
+    def step_metrics(infos: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """``code/fail/<class>``: the fraction of samples in each failure class (every class, so
+        the columns are stable), and ``code/tests_passed``: the mean fraction of tests passed."""
+        n = max(1, len(infos))
+        out = {f"code/fail/{c}": sum(i["fail"] == c for i in infos) / n for c in FAIL_CLASSES}
+        out["code/tests_passed"] = sum(i["passed"] / i["tests"] for i in infos) / n
+        return out
+
+
+@TASKS.register("code")
+def _code(cfg: TaskConfig) -> CodeTask:
+    return CodeTask(cfg)
+
+
+def describe_isolation() -> str:
+    """Which sandbox isolation is in force here (probed once), for the run's start event."""
+    return isolation_level()
+
+
+def check_isolation(allow_weak: bool) -> Isolation:
+    """The isolation in force, printed; below ``full`` a ConfigError unless ``allow_weak`` (then a warning
+    saying what a program can reach)."""
+    iso = isolation()
+    if iso.level == "full":
+        print("[prorl-bench] task=code sandbox isolation: full (private root, no network, own pid namespace, "
+              "uid per sample)", file=sys.stderr)  # fmt: skip
+        return iso
+    msg = (f"task=code sandbox isolation here is {iso.level!r}, not 'full' ({iso.reason}); a program "
+           f"could reach {iso.exposed()}")  # fmt: skip
+    if not allow_weak:
+        raise ConfigError(f"invalid config value task.code.allow_weak_isolation=false: {msg}. Run as root with "
+                          "util-linux unshare, or accept this with task.code.allow_weak_isolation=true")  # fmt: skip
+    print(f"[prorl-bench] WARNING: {msg} (accepted: task.code.allow_weak_isolation=true)", file=sys.stderr)
+    return iso
