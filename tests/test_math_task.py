@@ -228,7 +228,7 @@ def test_math_jsonl_example_ships_with_the_package():
     from prorl_bench.tasks import math_jsonl_task
     from prorl_bench.tasks.math_jsonl_task import EXAMPLE, main, split
 
-    assert EXAMPLE.is_relative_to(Path(math_jsonl_task.__file__).parent / "data")  # package data (pyproject)
+    assert EXAMPLE.is_relative_to(Path(math_jsonl_task.__file__).parents[1] / "data")  # package data (pyproject)
     train, val = split(_math_cfg(EXAMPLE, val_fraction=0.25))
     assert len(train) + len(val) == 32 and val
     assert main([str(EXAMPLE)]) == 0

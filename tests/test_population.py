@@ -45,9 +45,18 @@ def _members(n: int, vocab: int = 16) -> list[TransformerPolicy]:
 
 
 @pytest.mark.parametrize("extra_pad", [0, 3])
-def test_stacked_forward_equals_each_member_bit_for_bit(extra_pad):
-    """Teacher-forced and KV-cached logits of member i = member i's own forward, with or without the
-    extra left padding a common width adds."""
+def test_stacked_forward_equals_each_member(extra_pad):
+    """Teacher-forced and KV-cached logits of member i = member i's own forward: bit for bit at the
+    member's own width; with the extra left padding a common width adds, to 1e-6 (the padded keys add
+    exactly-zero attention terms, but in another summation order, so the last bits depend on the
+    CPU's kernels: equal on the Intel VM of an earlier round, 1-ulp differences on an AMD EPYC)."""
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> None:
+        if extra_pad == 0:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=0.0, atol=1e-6)
+
     torch.set_num_threads(1)
     ms = _members(3)
     b, p = 8, 6
@@ -62,9 +71,9 @@ def test_stacked_forward_equals_each_member_bit_for_bit(extra_pad):
     cache = sp.new_cache(b, p + extra_pad + 2, CPU)
     cached = sp.forward_cached(pad_ids, pad_mask, positions(pad_mask), cache)[:, :, -1]
     for i, m in enumerate(ms):
-        assert torch.equal(full[i], m(ids[i], mask[i]))
+        same(full[i], m(ids[i], mask[i]))
         c = m.new_cache(b, p + 2, CPU)
-        assert torch.equal(cached[i], m.forward_cached(ids[i], mask[i], positions(mask[i]), c)[:, -1])
+        same(cached[i], m.forward_cached(ids[i], mask[i], positions(mask[i]), c)[:, -1])
 
 
 def test_stacked_policy_refuses_other_shapes_and_adapters():
