@@ -5,7 +5,7 @@ An option registers itself next to its code, as verl's ``@register_adv_est`` doe
     @ADVANTAGES.register("my_estimator")
     def my_estimator(rewards, eps): ...
 
-and ``algo.advantage=my_estimator`` is then a valid config value — no edit of ``config.py``. Config
+and ``algo.advantage=my_estimator`` is then a valid config value — no edit of ``config/``. Config
 validation checks every axis against its registry and names the key and what is allowed, with the
 same message as any other bad value. A test module (or a user's plugin module imported before the
 config is validated) can register options the package does not ship.
@@ -14,7 +14,7 @@ An option that takes parameters registers a small dataclass with it (``params=My
 axis's ``params`` mapping in the config (``reset.params``, ``variant.params``, ``task.params``,
 ``algo.advantage_params``, ``kl_estimator.params``, ``opt_reset.params``) is checked against it
 (unknown keys, types, and the dataclass's own ``__post_init__``) and the option receives the
-instance, so an option with parameters never edits ``config.py``. Other metadata (``**meta``) states
+instance, so an option with parameters never edits ``config/``. Other metadata (``**meta``) states
 what the rest of the bench needs to know about an option — warnings and tests read it, never names.
 
 Registries hold objects only; they import nothing of the bench. ``load_builtins`` imports the
@@ -188,16 +188,16 @@ BUILTIN_MODULES = (
     "prorl_bench.tasks.detectors",
     "prorl_bench.tasks.hack_task",
 )
-_SCHEMA: list[type] = []  # the config schema (config.Config), set by config.py: read without importing it
+_SCHEMA: list[type] = []  # the config schema (config.Config), set by config/root.py: read without importing it
 
 
 def set_schema(cls: type) -> None:
-    """Called once by config.py: modules below config (aliases) read the schema's defaults through here."""
+    """Called once by config/root.py: modules below config (aliases) read the schema's defaults through here."""
     _SCHEMA[:] = [cls]
 
 
 def schema() -> type:
-    """The config schema class (``config.Config``); config.py must have been imported."""
+    """The config schema class (``config.Config``); prorl_bench.config must have been imported."""
     if not _SCHEMA:
         raise RuntimeError("the config schema is not registered yet: import prorl_bench.config first")
     return _SCHEMA[0]

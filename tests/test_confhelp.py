@@ -11,7 +11,7 @@ from prorl_bench.cli.confhelp import _class_comments, field_help
 
 def test_every_config_key_has_help_text():
     missing = [key for key, (_, text) in field_help().items() if not text]
-    assert missing == [], f"config fields without a comment in prorl_bench/config.py: {missing}"
+    assert missing == [], f"config fields without a comment in prorl_bench/config/: {missing}"
 
 
 def test_comment_extraction_reads_same_line_and_block_above():

@@ -87,7 +87,7 @@ def _first(given: Given, *keys: str) -> str | None:
 
 def _default(path: str):
     """The schema default of a bench key (``algo.group_size`` -> 8), read from ``config.Config``."""
-    from prorl_bench import registry  # the schema is registered by config.py (which imports this module)
+    from prorl_bench import registry  # the schema is registered by config/root.py (which imports this module)
 
     obj = registry.schema()()
     for part in path.split("."):

@@ -1,7 +1,7 @@
 """Help text for every config key, read from the schema's own comments (one place for each fact).
 
-Each field of the dataclasses in ``config.py`` carries a comment — on its line, or on the comment
-lines just above it. ``field_help()`` collects them by walking the schema; ``prorl-bench --help``
+Each field of the dataclasses in ``prorl_bench/config/`` carries a comment — on its line, or on the
+comment lines just above it. ``field_help()`` collects them by walking the schema; ``prorl-bench --help``
 prints them (``hydra.help.template`` in conf/config.yaml calls the ``prorl_bench_help`` resolver),
 and a test fails if a field has none.
 """
@@ -80,7 +80,7 @@ def help_text() -> str:
 def register_help() -> None:
     """Register the ``prorl_bench_help`` resolver that ``hydra.help.template`` (conf/config.yaml)
     calls, so ``prorl-bench --help`` lists every key. Called by the CLI (app.py) next to
-    ``config.register_configs``; kept here so config.py never imports this module (no cycle)."""
+    ``config.register_configs``; kept here so config/ never imports this module (no cycle)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("prorl_bench_help"):

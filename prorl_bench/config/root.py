@@ -1,0 +1,287 @@
+"""The root schema ``Config`` (every group), its cross-group checks, the Hydra registration
+(``register_configs``) and ``to_config``, which validates a composed config."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from prorl_bench import registry
+from prorl_bench.config.algo import AlgoConfig, KLConfig, KLControlConfig, VariantConfig
+from prorl_bench.config.enums import AdapterKind, GrowthKind, K2Mode, KLControlKind, KLPlacement, ModelKind, PromptStyle
+from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
+from prorl_bench.config.model import AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
+from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
+from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
+from prorl_bench.config.task import TaskConfig
+from prorl_bench.registry import ConfigError
+from prorl_bench.searchpath import register_resolvers
+from prorl_bench.sweeps.study import StudyConfig
+
+_require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    variant: VariantConfig = field(default_factory=VariantConfig)
+    kl_estimator: KLConfig = field(default_factory=KLConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    reset: ResetConfig = field(default_factory=ResetConfig)
+    opt_reset: OptResetConfig = field(default_factory=OptResetConfig)
+    kl_ctl: KLControlConfig = field(default_factory=KLControlConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    growth: GrowthConfig = field(default_factory=GrowthConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    route: RouteConfig = field(default_factory=RouteConfig)  # what the detector's labels do (routing.py)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0  # run seed: prompts, sampling, minibatch order, initial weights (< 2**24)
+    steps: int = 150  # RL steps = rollouts (not optimizer steps)
+    eval_every: int = 25  # validation on the held-out split every N steps (and at the end)
+    progress: bool = True  # terminal progress bar (single runs only)
+    run_dir: str | None = None  # None: Hydra's output directory
+    export: ExportConfig = field(default_factory=ExportConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)  # a study grid's question and seed blocks (docs/studies.md)
+    # modules imported before validation that register options (docs/extending.md): plugins=[my_pkg.my_options]
+    plugins: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _reject_nonfinite(self)
+        self.study.check_seed(self.seed)  # a confirm-block run on explore seeds would be mislabelled
+        _require(self.steps >= 1, "steps", self.steps, ">= 1")
+        _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
+        # derived generators multiply the seed (evaluation: seed * 1_000_003 + step; rank growth:
+        # (seed * 1_000_003 + step) * 100_003 + layer), which must stay inside torch's 64-bit seeds
+        _require(0 <= self.seed < MAX_SEED, "seed", self.seed, f"in [0, {MAX_SEED}) (2**24)")
+        placement = self.kl_estimator.placement
+        v = self.variant
+        _require(
+            not (placement == KLPlacement.reward and not registry.REFERENCES.meta(v.reference)["per_rollout"]),
+            "kl_estimator.placement",
+            placement.value,
+            f"'loss' with variant {v.name} (reference={v.reference}: A0 recomputes reference logprobs for a "
+            "loss term; B has no reference model to fold into the reward)",
+        )
+        _require(
+            not (self.kl_estimator.k2_mode == K2Mode.ref_over_old and placement == KLPlacement.loss),
+            "kl_estimator.k2_mode",
+            self.kl_estimator.k2_mode.value,
+            "'theta_over_ref' with placement=loss (ref_over_old has no gradient w.r.t. theta; it can "
+            "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
+        )
+        _require(
+            self.reset.trigger == "none" or (v.resets and registry.REFERENCES.meta(v.reference)["model"]),
+            "reset",
+            self.reset.trigger,
+            f"'none' with variant {v.name} (reference resets are variant C: variant.resets=true)",
+        )
+        _require(
+            not (self.kl_ctl.kind == KLControlKind.adaptive and self.algo.beta == 0),
+            "algo.beta",
+            self.algo.beta,
+            "> 0 with kl_ctl=adaptive (a multiplicative controller cannot move beta from 0)",
+        )
+        if self.growth.kind != GrowthKind.none:
+            _require(
+                self.adapter.kind == AdapterKind.lora,
+                "adapter",
+                self.adapter.kind.value,
+                "'lora' with growth=rank (growth grows the adapter rank)",
+            )
+            _require(
+                self.growth.max_rank > self.adapter.rank,
+                "growth.max_rank",
+                self.growth.max_rank,
+                f"> adapter.rank ({self.adapter.rank})",
+            )
+            _require(
+                self.growth.grow_every > 0 or self.growth.at_reset or self.growth.on_stall,
+                "growth.grow_every",
+                self.growth.grow_every,
+                "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
+            )
+        _check_routing(self)
+        registry.run_config_checks(self)  # cross-group checks and warnings the options' modules register
+        if self.task.name == "reasoning_gym":
+            _require(
+                self.task.reasoning_gym.prompt_style != PromptStyle.chat or self.model.kind != ModelKind.native,
+                "task.reasoning_gym.prompt_style",
+                "chat",
+                "compact or question with the native character-level policy (chat templates are an HF "
+                "tokenizer's: use model=hf_causal_lm)",
+            )
+        _require(
+            self.task.chat_template is None or self.model.kind != ModelKind.native,
+            "task.chat_template",
+            self.task.chat_template,
+            "null with the native character-level policy (chat templates are an HF tokenizer's: model=hf_causal_lm)",
+        )
+        _require(
+            not (registry.TASKS.meta(self.task.name).get("needs_hf", False) and self.model.kind == ModelKind.native),
+            "task",
+            self.task.name,
+            "a task for model=hf_causal_lm: its prompts go through a chat template",
+        )
+        _require(
+            not (self.task.name == "code" and self.model.kind == ModelKind.native),
+            "task",
+            "code",
+            "a task the model can write programs for: task=code needs model=hf_causal_lm (the character-level "
+            "policy has no programming vocabulary or context for it)",
+        )
+        if self.model.kind != ModelKind.native:
+            return  # an HF model's context length is checked against its own config when loaded
+        max_prompt, max_completion = _task_lengths(self.task, self.algo.max_new_tokens)
+        _require(
+            max_prompt + max_completion + 1 <= self.model.max_seq_len,
+            "model.max_seq_len",
+            self.model.max_seq_len,
+            f">= {max_prompt + max_completion + 1} for task {self.task.name} with max_len={self.task.max_len}",
+        )
+        if self.model.positions == "answer":  # half the positions for the prompt (with BOS), half for the answer
+            need = 2 * max(max_prompt + 1, max_completion)
+            _require(
+                need <= self.model.max_seq_len,
+                "model.max_seq_len",
+                self.model.max_seq_len,
+                f">= {need} with model.positions=answer (prompts and completions get half the positions each)",
+            )
+
+
+MAX_SEED = 2**24
+
+
+registry.set_schema(Config)  # aliases.py reads the defaults through the registry (no import cycle)
+
+
+def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
+    """No float anywhere in the config may be NaN or infinite."""
+    for f in fields(obj):
+        val = getattr(obj, f.name)
+        if is_dataclass(val):
+            _reject_nonfinite(val, f"{prefix}{f.name}.")
+        elif isinstance(val, float):
+            _require(math.isfinite(val), f"{prefix}{f.name}", val, "a finite number")
+
+
+def _task_lengths(task: TaskConfig, max_new_tokens: int | None = None) -> tuple[int, int]:
+    """(longest prompt, completion budget) in tokens: the registered task is built (not imported)."""
+    t = registry.build_task(task)
+    return t.max_prompt_len, max_new_tokens or t.max_completion_len
+
+
+def _check_routing(cfg: Config) -> None:
+    """The detector / route / adapter combinations a routing study may use (docs/routing.md)."""
+    use, dual = cfg.route.use, cfg.adapter.kind == AdapterKind.dual_lora
+    _require(
+        cfg.detector.name != "none" or cfg.route == RouteConfig(),
+        "route",
+        f"use={use.value},advantages={cfg.route.advantages.value},penalty={cfg.route.penalty}",
+        "the defaults without a detector (detector=none: there are no labels to use)",
+    )
+    _require(
+        cfg.detector.name == "none" or use != RouteUse.route or dual,
+        "detector",
+        cfg.detector.name,
+        "'none' unless adapter=dual_lora (labels route gradients between the retain and forget adapters), "
+        "or route.use=filter|penalize|observe",
+    )
+    _require(
+        not (dual and use != RouteUse.route),
+        "route.use",
+        use.value,
+        "'route' with adapter=dual_lora (the filter, penalize and observe baselines train one adapter: adapter=lora)",
+    )
+    if cfg.route.advantages == RouteAdvantages.split:
+        _require(
+            registry.ADVANTAGES.meta(cfg.algo.advantage).get("centres_per_group", True),
+            "algo.advantage",
+            cfg.algo.advantage,
+            "a group-local estimator (grpo, rloo, dr_grpo) with route.advantages=split (it normalises "
+            "within subsets of each group; a batch-whitened estimator has no per-group form)",
+        )
+
+
+def register_configs() -> None:
+    """Register the schema so ``conf/config.yaml`` can list ``base_config`` first in its defaults.
+    (``prorl-bench --help``'s key list is ``confhelp.register_help``'s, called by the CLI.)"""
+    register_resolvers()  # ${prorl_bench_sweeps:} in hydra.searchpath (conf/config.yaml)
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+
+
+# Keys a named grid adds at the top level through `+group=option` (content packaged _global_).
+GRID_KEYS = {"sweep", "arm", "kl_setup"}
+
+
+def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
+    """Keys of the composed config that the dataclass schema does not have (free-form dicts skipped)."""
+    if not is_dataclass(schema) or not isinstance(node, DictConfig):
+        return []
+    names = {f.name for f in fields(schema)}
+    bad = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in names:
+            if not (prefix == "" and key in GRID_KEYS):
+                bad.append(path)
+            continue
+        bad += _unknown_keys(node._get_node(key), getattr(schema, key), f"{path}.")
+    return bad
+
+
+def _suggest(path: str, value: Any = None) -> str:
+    import difflib
+
+    from prorl_bench.cli.aliases import translate  # TRL / verl names: one table, also used before Hydra
+
+    hint = translate(path, str(value), {}, frozenset(f.name for f in fields(Config)))
+    if hint is not None:
+        return "; " + hint.message(path).split(": ", 1)[-1]
+    leaf = path.rsplit(".", 1)[-1]
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    schema: Any = Config()
+    for part in [p for p in parent.split(".") if p]:
+        schema = getattr(schema, part, None)
+    if is_dataclass(schema):
+        close = difflib.get_close_matches(leaf, [f.name for f in fields(schema)], n=3, cutoff=0.6)
+        if close:
+            return "; did you mean " + " or ".join(f"{parent + '.' if parent else ''}{c}" for c in close) + "?"
+    return ""
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Validate a composed config and return typed dataclasses (raises ConfigError).
+
+    Unknown keys are an error however they arrive: Hydra lets ``+algo.learning_rate=1e-5`` add a key
+    the schema does not have, and ``OmegaConf.to_object`` would then drop it silently — the run would
+    train with the default and record the override as applied.
+    """
+    registry.load_plugins(cfg.get("plugins") or [])  # their options must exist before validation
+    unknown = _unknown_keys(cfg, Config())
+    if unknown:
+        raise ConfigError(
+            "unknown config key"
+            + ("s " if len(unknown) > 1 else " ")
+            + ", ".join(f"{k}{_suggest(k, OmegaConf.select(cfg, k))}" for k in unknown)
+            + " (see `prorl-bench --cfg job` for every key)"
+        )
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as e:  # OmegaConf validation (type, enum, missing key)
+        raise ConfigError(str(e)) from e
+    if not isinstance(obj, Config):
+        raise ConfigError(f"composed config is {type(obj).__name__}, expected Config")
+    return obj
