@@ -48,7 +48,7 @@ def base_cache(tmp_path_factory) -> Path:
     """One warm-up cache for the whole test session (bases are keyed by their config).
 
     Under pytest-xdist the workers share it (the directory above their own temp dirs): a base's file
-    lock (prorl_bench/models/base.py) lets the first worker that needs a base train it while the others
+    lock (prorl_bench/run/base.py) lets the first worker that needs a base train it while the others
     wait, so no base is trained twice."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "base_cache"

@@ -282,7 +282,7 @@ def test_a_malformed_jsonl_line_names_file_and_line(tmp_path):
 
 
 def test_a_held_base_lock_is_announced_and_times_out(tmp_path):
-    from prorl_bench.models.base import _base_lock
+    from prorl_bench.run.base import _base_lock
 
     path = tmp_path / "base.pt"
     holder = subprocess.Popen(

@@ -212,7 +212,7 @@ def test_hardware_decode_resolves_by_policy_and_device():
     """auto: static for the native/fast policies on CPU (bit-identical, measured no slower), graph on
     CUDA, dynamic for HF-module policies; an explicit static/graph on an HF-module policy is refused."""
     from prorl_bench.config import ConfigError
-    from prorl_bench.models.policies import decode_impl
+    from prorl_bench.run.policies import decode_impl
 
     from .conftest import make_config
 

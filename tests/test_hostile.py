@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
 from prorl_bench.config import ConfigError, TaskConfig, to_config
-from prorl_bench.models.base import WarmupFailed
 from prorl_bench.registry import TASKS
+from prorl_bench.run.base import WarmupFailed
 from prorl_bench.tasks.base import CharTokenizer, make_task, partial_reward
 
 from .conftest import compose_cfg

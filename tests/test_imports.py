@@ -100,3 +100,23 @@ def test_no_module_level_import_cycles():
 
 def test_no_import_cycles_through_function_level_imports():
     assert _cycles(_graph()) == []
+
+
+LOWER = ("prorl_bench.rl", "prorl_bench.models", "prorl_bench.tasks")
+UPPER = ("prorl_bench.run", "prorl_bench.sweeps", "prorl_bench.cli", "prorl_bench.population")
+
+
+def _violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    def under(name: str, roots: tuple[str, ...]) -> bool:
+        return any(name == r or name.startswith(r + ".") for r in roots)
+
+    return sorted((m, d) for m, deps in graph.items() if under(m, LOWER) for d in deps if under(d, UPPER))
+
+
+def test_layers():
+    """The mathematics, the policies and the tasks never import the run, the sweeps, the populations
+    or the command line (docs/design.md "Where things live"), not even inside a function."""
+    assert _violations({"prorl_bench.rl.kl": {"prorl_bench.run.guards"}}) == [
+        ("prorl_bench.rl.kl", "prorl_bench.run.guards")
+    ]
+    assert _violations(_graph()) == []

@@ -264,7 +264,7 @@ def test_bad_chat_template_values_name_the_key(tmp_path, tiny_hf_dir):
 
 
 def test_a_missing_template_is_blamed_on_the_setting_that_asked_for_it(tiny_hf_dir):
-    from prorl_bench.models.policies import build_tokenizer
+    from prorl_bench.run.policies import build_tokenizer
 
     hf = ["model=hf_causal_lm", f"model.path={tiny_hf_dir}"]
     with pytest.raises(ConfigError, match=r"^task\.code\.prompt_style=chat: .*task\.code\.prompt_style=question"):

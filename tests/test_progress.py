@@ -121,8 +121,8 @@ def test_sweep_watch_prints_when_counts_change(tmp_path):
 
 @pytest.mark.slow
 def test_warm_up_says_when_it_starts_and_how_it_ended(capsys):
-    from prorl_bench.models.base import train_base
-    from prorl_bench.models.policies import build_tokenizer
+    from prorl_bench.run.base import train_base
+    from prorl_bench.run.policies import build_tokenizer
     from prorl_bench.tasks.base import make_task
 
     cfg = make_config(["warmup.target_success=0.05"])
@@ -135,8 +135,8 @@ def test_warm_up_says_when_it_starts_and_how_it_ended(capsys):
 
 def test_evaluation_reports_its_progress_in_sequences():
     from prorl_bench.models.model import TransformerPolicy
-    from prorl_bench.models.policies import build_tokenizer
     from prorl_bench.run.evaluation import validate
+    from prorl_bench.run.policies import build_tokenizer
     from prorl_bench.tasks.base import make_task
 
     cfg = make_config(["task.val_size=5"])

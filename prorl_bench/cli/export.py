@@ -77,7 +77,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
     Raises ConfigError if the directory has no checkpoint (``checkpoint.every`` must be > 0).
     """
     from prorl_bench.models.model import TransformerPolicy
-    from prorl_bench.models.policies import build_tokenizer
+    from prorl_bench.run.policies import build_tokenizer
 
     paths = checkpoint_paths(Path(run_dir))
     if not paths:
@@ -186,7 +186,7 @@ PROBE = "Q: 12 + 30 = ? A: 42."  # a prompt to compare the bench's ids with the 
 
 def bench_tokenizer(cfg: Config) -> Any:
     """The run's ``HFTokenizer`` as training built it (``task.chat_template`` applied)."""
-    from prorl_bench.models.policies import build_tokenizer
+    from prorl_bench.run.policies import build_tokenizer
 
     return build_tokenizer(cfg)
 

@@ -37,9 +37,9 @@ from contextlib import nullcontext
 
 import torch
 
+from prorl_bench.errors import NonFiniteError
 from prorl_bench.models.model import positions
 from prorl_bench.models.sampling import _NEG, Rollout, filter_logits
-from prorl_bench.run.guards import NonFiniteError
 
 MAX_DECODERS = 4  # decoders (cache + graph) kept per policy: training, validation sampling, greedy, routing
 

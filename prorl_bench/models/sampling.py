@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prorl_bench.run.guards import NonFiniteError
+from prorl_bench.errors import NonFiniteError
 
 _NEG = -1e9  # finite "minus infinity": exp() is 0 and 0 * _NEG is 0, so entropies stay finite
 

@@ -85,7 +85,7 @@ def prepare_bases(cfgs: list[Config], cache_root: Path, threads: int = 1) -> Non
     """
     import torch
 
-    from prorl_bench.models.policies import build_tokenizer, load_base_policy
+    from prorl_bench.run.policies import build_tokenizer, load_base_policy
     from prorl_bench.run.trainer import resolve_device
     from prorl_bench.tasks.base import make_task
 

@@ -28,7 +28,7 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -36,13 +36,19 @@ from prorl_bench.models.lora import LoRALinear, growth_generator, lora_layers
 from prorl_bench.models.rollout import Rollout, chunked_logprobs, token_logprobs
 from prorl_bench.registry import REFERENCES
 from prorl_bench.rl.resets import reset_reference
-from prorl_bench.run.accounting import StepAccounting
 
 
 def frozen_copy(policy: torch.nn.Module) -> torch.nn.Module:
     ref = copy.deepcopy(policy)
     ref.requires_grad_(False)
     return ref.eval()
+
+
+class StepAccounting(Protocol):
+    """What a reference strategy needs of the run's accounting (prorl_bench/run/accounting.py's
+    StepAccounting is one): count a forward pass's tokens and FLOPs under a stage name."""
+
+    def forward(self, who: str, tokens: int | torch.Tensor, flops: float | torch.Tensor) -> None: ...
 
 
 class AdapterReference(torch.nn.Module):

@@ -13,10 +13,7 @@ from types import FrameType
 import torch
 
 from prorl_bench.config import NonFinitePolicy
-
-
-class NonFiniteError(FloatingPointError):
-    """A NaN/inf appeared; the message names the step, stage and tensor."""
+from prorl_bench.errors import NonFiniteError  # noqa: F401  (re-exported: the guards raise it too)
 
 
 class Preempted(RuntimeError):

@@ -34,7 +34,6 @@ from prorl_bench.config import (
 )
 from prorl_bench.models.dual_lora import attach_dual_lora
 from prorl_bench.models.lora import adapter_rank, attach_lora, grow_rank
-from prorl_bench.models.policies import build_tokenizer, load_base_policy
 from prorl_bench.models.rollout import Rollout, chunked_logprobs, generate, token_logprobs
 from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.rl.advantages import informative_groups
@@ -59,6 +58,7 @@ from prorl_bench.run.evaluation import completions, prompts_to_write, score_deta
 from prorl_bench.run.guards import NonFiniteGuard, Preempted, PreemptionFlag
 from prorl_bench.run.lifecycle import RunSession, RunState
 from prorl_bench.run.outputs import RESOLVED_CONFIG, atomic_write_text
+from prorl_bench.run.policies import build_tokenizer, load_base_policy
 from prorl_bench.run.routing import Router, route_backward, route_eval, wants_route_eval
 from prorl_bench.run.rundir import RunDirLock
 from prorl_bench.tasks.base import make_task
@@ -665,7 +665,7 @@ def _warn_if_no_signal(cfg: Config, history: list[dict[str, Any]], out) -> None:
     finish "completed" having learned nothing. Say so once, on stderr and as an event."""
     if any(r["reward/mean"] != 0.0 for r in history[:NO_SIGNAL_STEPS]):
         return
-    from prorl_bench.models.policies import warmup_enabled
+    from prorl_bench.run.policies import warmup_enabled
 
     hint = (
         "the supervised warm-up is off (warmup.enabled=true trains a base that sometimes succeeds)"

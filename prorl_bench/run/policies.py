@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from prorl_bench.config import AdapterKind, Config, ConfigError, DecodeImpl, ModelKind, PromptStyle
-from prorl_bench.models.base import load_or_train_base
 from prorl_bench.models.model import TransformerPolicy
 from prorl_bench.models.tokenizers import CharTokenizer
+from prorl_bench.run.base import load_or_train_base
 from prorl_bench.tasks.base import Task
 
 
