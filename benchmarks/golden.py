@@ -89,10 +89,13 @@ def run_all(out: Path, cache: Path, names: list[str]) -> None:
 
     register_configs()
     dump: dict[str, Any] = {}
+    # The trajectories are those of the regime every earlier checkout ran by default: checkouts with
+    # conf/regime (whose default became v2) are pinned to v1_trap, so old and new stay comparable.
+    regime = ["regime=v1_trap"] if (Path(CONF_DIR) / "regime" / "v1_trap.yaml").is_file() else []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-                cfg = to_config(compose(config_name="config", overrides=SMALL + CONFIGS[name]))
+                cfg = to_config(compose(config_name="config", overrides=SMALL + regime + CONFIGS[name]))
             run_dir = Path(tmp) / name
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -1,5 +1,6 @@
 """The named regimes in conf/regime (docs/regime.md): each preset sets exactly the keys it documents,
-the default is still the old behaviour (v1_trap), and command-line overrides win over a preset."""
+the default is v2 (issue 22: no positional trap, still learning at step 300), the old behaviour stays
+selectable as v1_trap, and command-line overrides win over a preset."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "task.max_len": 5,
         "model.positions": "learned",
         "algo.lr": 1e-3,
+        "steps": 150,
     },
     "v2": {
         "task.name": "sort_digits",
@@ -28,6 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "task.max_len": 5,
         "model.positions": "answer",
         "algo.lr": 1e-4,
+        "steps": 300,
     },
 }
 
@@ -55,15 +58,15 @@ def test_preset_sets_its_keys(name):
         assert cfg[key] == want, (name, key, cfg[key])
 
 
-def test_default_is_v1_trap_and_unchanged():
-    # adding the group must not move the default: the composed default equals regime=v1_trap key for key
-    assert _keys([]) == _keys(["regime=v1_trap"])
+def test_default_is_v2():
+    # the composed default equals regime=v2 key for key, and differs from the old default (v1_trap)
+    assert _keys([]) == _keys(["regime=v2"]) != _keys(["regime=v1_trap"])
 
 
 def test_v2_differs_from_v1_only_where_it_says():
     v1, v2 = _keys(["regime=v1_trap"]), _keys(["regime=v2"])
     changed = {k for k in v1 if v1[k] != v2[k]}
-    assert changed == {"task.name", "model.positions", "algo.lr"}, changed
+    assert changed == {"task.name", "model.positions", "algo.lr", "steps"}, changed
 
 
 def test_command_line_wins_over_the_preset():
