@@ -45,7 +45,9 @@ def test_every_option_composes_and_validates(group, option, request):
 
 def test_defaults_are_the_documented_experiment():
     cfg = make_config()
-    assert cfg.task.name == "reverse_digits" and cfg.variant.name == "A1"
+    # regime v2 (conf/regime/v2.yaml, docs/regime.md): sort_digits, positions from the answer start, lr 1e-4, 300 steps
+    assert cfg.task.name == "sort_digits" and cfg.variant.name == "A1"
+    assert cfg.model.positions == "answer" and cfg.algo.lr == 1e-4 and cfg.steps == 300
     assert cfg.kl_estimator.name == "k3" and cfg.algo.advantage == "grpo"
 
 

@@ -25,7 +25,7 @@ class ReasoningGymConfig:
     generators: list[str] = field(default_factory=lambda: ["spell_backward"])
     generator_args: dict[str, Any] = field(default_factory=dict)  # {generator: {kwarg: value}}
     prompt_style: PromptStyle = PromptStyle.compact  # compact | question | chat (see PromptStyle)
-    max_prompt_chars: int = 40  # problems with longer prompts are skipped (characters)
+    max_prompt_chars: int = 30  # problems with longer prompts are skipped (characters)
     max_answer_chars: int = 12  # problems with longer answers are skipped (characters)
     train_seed: int = 1  # seed of the training dataset
     val_seed: int = 2  # seed of the held-out dataset (must differ from train_seed)
