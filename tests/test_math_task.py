@@ -170,7 +170,7 @@ def test_math_jsonl_is_checked_when_the_config_is(tmp_path):
         from prorl_bench.config import TaskConfig
 
         TaskConfig(name="math_jsonl")
-    with pytest.raises(ConfigError, match=r"task.path=.*null with task=reverse_digits"):
+    with pytest.raises(ConfigError, match=r"task.path=.*null with task=sort_digits"):
         make_config([f"task.path={bad}"])
     with pytest.raises(ConfigError, match="model=hf_causal_lm"):
         from prorl_bench.tasks.math_jsonl_task import EXAMPLE

@@ -28,7 +28,12 @@ from prorl_bench.population.lockstep import Lockstep
 from prorl_bench.population.model import StackedPolicy
 from prorl_bench.population.runner import MemberJob, check_population, population_blockers, run_population
 from prorl_bench.population.sampling import SampleRequest, generate_population
-from tests.conftest import FAST, make_config, strip_timing
+from tests.conftest import FAST as _FAST
+from tests.conftest import make_config, strip_timing
+
+# populations batch learned positions only (population_blockers): these tests run the v1 regime (learned
+# positions, lr 1e-3, where a KL spike resets members at different steps)
+FAST = [*_FAST, "regime=v1_trap"]
 
 CPU = torch.device("cpu")
 
@@ -339,3 +344,6 @@ def test_population_refuses_what_it_cannot_batch(tmp_path):
         check_population([MemberJob(grow, tmp_path / "g")])
     assert population_blockers(base) == []
     assert any(b.startswith("model.dropout") for b in population_blockers(make_config([*FAST, "model.dropout=0.1"])))
+    answer = population_blockers(make_config([*FAST, "model.positions=answer"]))
+    assert any(b.startswith("model.positions=answer") for b in answer), answer
+    assert population_blockers(make_config(FAST)) == []

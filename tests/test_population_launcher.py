@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from prorl_bench.run.trainer import train
-from tests.conftest import FAST, make_config, strip_timing
+from tests.conftest import FAST as _FAST
+from tests.conftest import make_config, strip_timing
+
+# populations batch learned positions only (population_blockers): these tests run the v1 regime (learned
+# positions, lr 1e-3, where a KL spike resets members at different steps)
+FAST = [*_FAST, "regime=v1_trap"]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -97,7 +97,7 @@ def test_checkpoints_keep_last_n_and_resume_refuses_a_different_config(run_exp, 
         "step_00000006.pt.sha256",
     ]
     other = make_config(FAST + ["algo.lr=0.5", "seed=9"])
-    with pytest.raises(ConfigError, match=r"2 field\(s\): algo.lr: 0.001 -> 0.5; seed: 0 -> 9"):
+    with pytest.raises(ConfigError, match=r"2 field\(s\): algo.lr: 0.0001 -> 0.5; seed: 0 -> 9"):
         train(other, d, base_cache)
     longer = make_config(FAST + ["checkpoint.every=2", "steps=8"])  # `steps` may change: extend a run
     assert train(longer, d, base_cache)["steps_completed"] == 8

@@ -162,7 +162,7 @@ def test_a_routed_run_resumes_identically(run_exp):
 def _logits(policy, tok, prompts=("R123=", "R98765=")):
     ids, mask = tok.encode_prompts(list(prompts))
     with torch.no_grad():
-        return policy(ids, mask)
+        return policy(ids, mask, prompt_len=ids.shape[1])  # positions=answer counts from the prompt's end
 
 
 @pytest.mark.slow

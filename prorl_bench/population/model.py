@@ -170,9 +170,14 @@ class StackedPolicy(torch.nn.Module):
 
 
 def stackable(policy: torch.nn.Module) -> bool:
-    """True for a plain native policy (no adapters, no hooks): what ``StackedPolicy`` reproduces."""
-    return type(policy) is TransformerPolicy and all(
-        type(m) in (TransformerPolicy, torch.nn.ModuleList, torch.nn.Embedding, torch.nn.Linear, torch.nn.LayerNorm)
-        or type(m).__name__ == "Block"
-        for m in policy.modules()
+    """True for a plain native policy (no adapters, no hooks) with learned positions counted from the
+    row start: what ``StackedPolicy`` reproduces (``answer``/``rope`` positions sample alone)."""
+    return (
+        type(policy) is TransformerPolicy
+        and policy.cfg.positions == "learned"
+        and all(
+            type(m) in (TransformerPolicy, torch.nn.ModuleList, torch.nn.Embedding, torch.nn.Linear, torch.nn.LayerNorm)
+            or type(m).__name__ == "Block"
+            for m in policy.modules()
+        )
     )

@@ -43,6 +43,8 @@ def population_blockers(cfg: Config) -> list[str]:
         out.append(f"adapter={cfg.adapter.kind.value}: adapters are not batched")
     if cfg.growth.kind != GrowthKind.none:
         out.append(f"growth={cfg.growth.kind.value}: shape-changing growth is refused for populations")
+    if cfg.model.positions != "learned":  # StackedPolicy counts positions from the row start only
+        out.append(f"model.positions={cfg.model.positions}: the batched sampler supports learned positions only")
     if cfg.model.dropout > 0:
         out.append(f"model.dropout={cfg.model.dropout}: the batched sampler has no dropout (0 is required)")
     return out
