@@ -74,7 +74,10 @@ class StaticDecoder:
     def __init__(self, policy, batch: int, capacity: int, max_new: int, device: torch.device, pad: int, eos: int,
                  banned: tuple[int, ...], temperature: float, top_k: int, top_p: float, greedy: bool,
                  full: bool) -> None:  # fmt: skip
-        self.policy, self.max_new, self.pad, self.eos = policy, max_new, pad, eos
+        # weakly: _DECODERS maps policy -> decoders, and a strong reference back would keep every
+        # policy (and its KV caches) of a multirun process alive after its job ended
+        self._policy = weakref.ref(policy)
+        self.max_new, self.pad, self.eos = max_new, pad, eos
         self.temperature, self.top_k, self.top_p, self.greedy = temperature, top_k, top_p, greedy
         self.full = full  # attend over the whole buffer (static shapes) rather than the filled prefix
         self.cache = policy.new_cache(batch, capacity, device)
@@ -92,6 +95,10 @@ class StaticDecoder:
         self.host_write = 0  # the same index on the host: the exact (prefix) form reads it, the graph never
         self.cuda_graph = None
         self.capture_failed = False
+
+    @property
+    def policy(self):
+        return self._policy()
 
     # -- the two halves of a token
     def _sample(self, logits: torch.Tensor) -> None:
