@@ -152,3 +152,21 @@ def test_trainer_reads_as_the_algorithm():
     assert lengths[longest] <= 80, f"{longest} is {lengths[longest]} lines"
     assert "fmt: skip" not in source
     assert 'kl_cfg.name == "k2"' not in source and '== "k2"' not in source  # the KL registry carries it
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_deterministic_flag_is_set_without_importing_the_compiler(mode):
+    """hardware.deterministic sets torch's eager flag (warn-only) as torch.use_deterministic_algorithms
+    does, without its ~3 s import of torch._inductor in every run and sweep worker."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from prorl_bench.run.trainer import use_deterministic_algorithms\n"
+        f"use_deterministic_algorithms({mode})\n"
+        "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+        " 'torch._inductor.config' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(mode), "True", "False"]  # warn_only=True in both modes, as torch sets it

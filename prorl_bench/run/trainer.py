@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import warnings
 from contextlib import closing, nullcontext
 from dataclasses import dataclass
@@ -73,11 +74,22 @@ def resolve_device(cfg: Config) -> torch.device:
     return torch.device(want.value)
 
 
+def use_deterministic_algorithms(mode: bool) -> None:
+    """``torch.use_deterministic_algorithms(mode, warn_only=True)`` without its import of
+    ``torch._inductor`` (about 3 s per process, paid by every run and every sweep worker) only to set
+    the compiler's flag: nothing here compiles, so unless inductor is loaded already the eager flag is
+    all there is to set."""
+    if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch.use_deterministic_algorithms(mode, warn_only=True)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=True)
+
+
 def setup_hardware(cfg: Config, threads: int) -> tuple[torch.device, Any]:
     """The device and the autocast context of the forward passes (bf16 only on CUDA)."""
     torch.set_num_threads(threads)
     device = resolve_device(cfg)
-    torch.use_deterministic_algorithms(cfg.hardware.deterministic, warn_only=True)
+    use_deterministic_algorithms(cfg.hardware.deterministic)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.hardware.tf32
         torch.backends.cudnn.allow_tf32 = cfg.hardware.tf32
