@@ -507,3 +507,11 @@ def test_no_after_resets_table_without_events():
     groups = pd.DataFrame([{"group": "A1", "n_resets_mean": 0.0, "n_growths_mean": 0.0},
                            {"group": "B", "n_resets_mean": nan, "n_growths_mean": nan}])  # fmt: skip
     assert event_markdown(groups) == ""
+
+
+def test_runs_are_listed_in_numeric_seed_order(tmp_path):
+    """Seed 2 before seed 10 in runs.csv and the runs table (seeds arrive as override text)."""
+    for seed in (10, 2, 1, 0):
+        write_run(tmp_path, [f"seed={seed}"], metrics=metric_rows([0.5] * 4), summary=OK)
+    res = agg.aggregate(tmp_path, figures=False)
+    assert [int(s) for s in res.runs["seed"]] == [0, 1, 2, 10]

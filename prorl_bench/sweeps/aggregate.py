@@ -234,7 +234,8 @@ def run_table(sweep: Sweep, threshold: float = DEFAULT_THRESHOLD, window: int = 
     order = {s: i for i, s in enumerate(STATUSES)}
     df["_o"] = df["status"].map(order)
     df["_b"] = df["block"].map(_block_rank)
-    df = df.sort_values(["_b", "group", "_o", "seed"], kind="stable").drop(columns=["_o", "_b"])
+    df["_s"] = pd.to_numeric(df["seed"], errors="coerce")  # 2 before 10 (seeds may come as text)
+    df = df.sort_values(["_b", "group", "_o", "_s", "seed"], kind="stable").drop(columns=["_o", "_b", "_s"])
     return df.reset_index(drop=True)
 
 
