@@ -44,6 +44,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from prorl_bench.run.guards import STOP_FILE
 from prorl_bench.sweeps.aggregate import SWEEP_DIR_FILE_ENV, aggregate, print_result
 from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command
 from prorl_bench.sweeps.sweepwatch import SweepWatch, scan
@@ -138,9 +139,15 @@ def run_sweep(
         watch = None if _progress_off(args) else SweepWatch(lambda: _read_marker(marker), n_jobs).start()
 
         def forward(signum: int, frame: object) -> None:
-            # the child stops its sweep (see aggregate.AggregateCallback); we wait for it and report
+            # the child stops its sweep (see aggregate.AggregateCallback); we wait for it and report.
+            # Once the sweep directory is known, stop it through its STOP file, not a second signal: a
+            # Ctrl-C at a terminal has already reached the child (same process group), and a second
+            # SIGINT would abort its running job ("Ctrl-C again") instead of preempting it.
             received.append(signum)
-            if child.proc.poll() is None:
+            sweep_dir = _read_marker(marker)
+            if sweep_dir is not None:
+                _write_stop(sweep_dir, signum)
+            elif child.proc.poll() is None:
                 child.proc.send_signal(signum)
 
         previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
@@ -153,6 +160,13 @@ def run_sweep(
                 watch.stop()
         sweep_dir = _read_marker(marker)
     return rc, sweep_dir, list(child.tail), (received[0] if received else None)
+
+
+def _write_stop(sweep_dir: Path, signum: int) -> None:
+    """Write ``sweep_dir/STOP`` as the multirun's own handler does (``run.guards.stop_sweep_on_signals``)."""
+    stop = sweep_dir / STOP_FILE
+    if not stop.exists():
+        stop.write_text(f"{signal.Signals(signum).name}\n")
 
 
 def _read_marker(marker: Path) -> Path | None:
