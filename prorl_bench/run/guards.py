@@ -99,7 +99,12 @@ def _stop_sweep(signum: int) -> bool:
     """In the multirun's own process: write the STOP file (the sweep ends); False elsewhere."""
     if _SWEEP_MAIN is None or _SWEEP_MAIN[0] != os.getpid():
         return False
-    stop = _SWEEP_MAIN[1]
+    write_stop_file(_SWEEP_MAIN[1], signum)
+    return True
+
+
+def write_stop_file(stop: Path, signum: int) -> None:
+    """Stop a sweep: write its STOP file (the signal's name) and say so, once; a no-op when it exists."""
     if not stop.exists():
         stop.parent.mkdir(parents=True, exist_ok=True)
         stop.write_text(f"{signal.Signals(signum).name}\n")
@@ -109,7 +114,6 @@ def _stop_sweep(signum: int) -> bool:
             file=sys.stderr,
             flush=True,
         )
-    return True
 
 
 class SweepStopped(RuntimeError):

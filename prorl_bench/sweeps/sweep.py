@@ -44,7 +44,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from prorl_bench.run.guards import STOP_FILE
+from prorl_bench.run.guards import STOP_FILE, write_stop_file
 from prorl_bench.sweeps.aggregate import SWEEP_DIR_FILE_ENV, aggregate, print_result
 from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command
 from prorl_bench.sweeps.sweepwatch import SweepWatch, scan
@@ -146,7 +146,7 @@ def run_sweep(
             received.append(signum)
             sweep_dir = _read_marker(marker)
             if sweep_dir is not None:
-                _write_stop(sweep_dir, signum)
+                write_stop_file(sweep_dir / STOP_FILE, signum)
             elif child.proc.poll() is None:
                 child.proc.send_signal(signum)
 
@@ -160,13 +160,6 @@ def run_sweep(
                 watch.stop()
         sweep_dir = _read_marker(marker)
     return rc, sweep_dir, list(child.tail), (received[0] if received else None)
-
-
-def _write_stop(sweep_dir: Path, signum: int) -> None:
-    """Write ``sweep_dir/STOP`` as the multirun's own handler does (``run.guards.stop_sweep_on_signals``)."""
-    stop = sweep_dir / STOP_FILE
-    if not stop.exists():
-        stop.write_text(f"{signal.Signals(signum).name}\n")
 
 
 def _read_marker(marker: Path) -> Path | None:
