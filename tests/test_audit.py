@@ -16,8 +16,8 @@ import torch
 from prorl_bench.config import ConfigError
 from prorl_bench.rl.advantages import compute_advantages
 from prorl_bench.run.checkpoint import CorruptFileError, load_verified, save_verified
-from prorl_bench.run.guards import Preempted
 from prorl_bench.run.outputs import read_jsonl
+from prorl_bench.run.signals import Preempted
 
 from .conftest import FAST, make_config, strip_timing
 

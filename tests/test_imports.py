@@ -120,3 +120,18 @@ def test_layers():
         ("prorl_bench.rl.kl", "prorl_bench.run.guards")
     ]
     assert _violations(_graph()) == []
+
+
+def test_sweep_wrapper_and_aggregator_do_not_import_torch():
+    """``prorl-bench-sweep`` (the parent of a multirun) and ``prorl-bench-aggregate`` read run
+    directories only: importing torch there costs seconds per call (3 s on a loaded 2-core machine)
+    for nothing. A fresh interpreter, so what other tests imported does not count."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import prorl_bench.sweeps.sweep, prorl_bench.sweeps.aggregate, prorl_bench.sweeps.plots; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"torch is imported by the sweep wrapper or the aggregator: {out}"

@@ -136,7 +136,7 @@ def _job_config(hydra_context: HydraContext, config: DictConfig, idx: int, overr
 def run_unit(members, hydra_context, config, task_function, singleton_state) -> list[tuple[int, JobReturn]]:
     """In a worker process: run one population (lockstep member threads) or one single job."""
     from prorl_bench.population.lockstep import Lockstep
-    from prorl_bench.run.guards import ignore_stop_signals_between_jobs
+    from prorl_bench.run.signals import ignore_stop_signals_between_jobs
 
     # member threads cannot install signal handlers: SIGTERM/SIGINT to this worker are left to the
     # sweep's STOP file, which every member checks at its step end (checkpoint, then "preempted")

@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from prorl_bench import searchpath
 from prorl_bench.cli.confhelp import register_help
 from prorl_bench.config import ConfigError, register_configs, to_config
-from prorl_bench.run.guards import STOP_FILE, Preempted, SweepStopped, ignore_stop_signals_between_jobs
 from prorl_bench.run.outputs import SAMPLES, read_jsonl, write_summary
 from prorl_bench.run.record import RecordSnapshot, drop_finished_copies
 from prorl_bench.run.rundir import RunDirBusy, has_previous_run
+from prorl_bench.run.signals import STOP_FILE, Preempted, SweepStopped, ignore_stop_signals_between_jobs
 from prorl_bench.run.threads import resolve_threads
 
 register_configs()

@@ -17,9 +17,9 @@ from typing import Any
 from prorl_bench.config import AdapterKind, Config, ConfigError, GrowthKind, ModelKind
 from prorl_bench.population.lockstep import Lockstep
 from prorl_bench.run.checkpoint import _flatten, config_dict
-from prorl_bench.run.guards import Preempted
 from prorl_bench.run.outputs import write_summary
 from prorl_bench.run.rundir import RunDirBusy, has_previous_run
+from prorl_bench.run.signals import Preempted
 
 # Keys members may differ in: the seeds, and where and how a run reports.
 MEMBER_KEYS = ("seed", "warmup.seed", "run_dir", "progress")

@@ -13,8 +13,9 @@ from contextlib import contextmanager
 
 import torch
 
-STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth", "eval")
-COUNTERS = ("count/policy_fwd", "count/ref_fwd", "tokens/policy_fwd", "tokens/ref_fwd")
+from prorl_bench.run.outputs import COUNTERS, STAGES
+
+__all__ = ["COUNTERS", "STAGES", "StepAccounting", "measured_matmul_peak"]
 
 
 class StepAccounting:

@@ -33,8 +33,8 @@ from prorl_bench.models.rollout import Rollout, token_logprobs
 from prorl_bench.models.tokenizers import CharTokenizer
 from prorl_bench.run.checkpoint import CorruptFileError, load_verified, save_verified
 from prorl_bench.run.evaluation import evaluate
-from prorl_bench.run.guards import Preempted
 from prorl_bench.run.progress import PhaseReport
+from prorl_bench.run.signals import Preempted
 from prorl_bench.tasks.base import Problem, Task
 
 BASE_FORMAT = 2  # bump when the warm-up procedure changes, so old caches are not reused

@@ -30,7 +30,8 @@ from prorl_bench.rl.reference import Reference
 from prorl_bench.rl.resets import ResetSchedule
 from prorl_bench.rl.schedule import LRSchedule
 from prorl_bench.run.checkpoint import config_dict, restore_rng, rng_state
-from prorl_bench.run.guards import NonFiniteGuard, Preempted, PreemptionFlag
+from prorl_bench.run.guards import NonFiniteGuard
+from prorl_bench.run.signals import Preempted, PreemptionFlag
 from prorl_bench.run.sinks import RunWriter, open_writer
 
 

@@ -19,6 +19,10 @@ SAMPLES = "samples.jsonl"  # held-out prompts with every sampled completion, at 
 RESOLVED_CONFIG = "config_resolved.yaml"
 # a finished run's summary and config, kept while an extension of it runs (prorl_bench/run/record.py)
 FINISHED_SUMMARY, FINISHED_CONFIG = "summary.completed.json", "config_resolved.completed.yaml"
+# the timed stages of a step (metrics key time/<stage>) and the forward counters (run/accounting.py);
+# here, torch-free, so that readers of run directories (the aggregator, its figures) need no torch
+STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "growth", "eval")
+COUNTERS = ("count/policy_fwd", "count/ref_fwd", "tokens/policy_fwd", "tokens/ref_fwd")
 
 
 def _clean(v: Any) -> Any:

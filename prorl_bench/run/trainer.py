@@ -56,12 +56,13 @@ from prorl_bench.run.checkpoint import (
     truncate_logs,
 )
 from prorl_bench.run.evaluation import completions, prompts_to_write, score_details, validate
-from prorl_bench.run.guards import NonFiniteGuard, Preempted, PreemptionFlag
+from prorl_bench.run.guards import NonFiniteGuard
 from prorl_bench.run.lifecycle import RunSession, RunState
 from prorl_bench.run.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.run.policies import build_tokenizer, load_base_policy
 from prorl_bench.run.routing import Router, route_backward, route_eval, wants_route_eval
 from prorl_bench.run.rundir import RunDirLock
+from prorl_bench.run.signals import Preempted, PreemptionFlag
 from prorl_bench.tasks.base import make_task
 
 

@@ -971,7 +971,7 @@ class AggregateCallback(Callback):
         self.threshold, self.window, self.figures, self.baseline = threshold, window, figures, baseline
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from prorl_bench.run.guards import stop_sweep_on_signals
+        from prorl_bench.run.signals import stop_sweep_on_signals
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         stop_sweep_on_signals(sweep_dir)  # SIGTERM/SIGINT stop the sweep cleanly, table included

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # headless machines fall back to Agg; notebooks
 import pandas as pd
 import seaborn as sns
 
-from prorl_bench.run.accounting import STAGES as ACCOUNTING_STAGES
+from prorl_bench.run.outputs import STAGES as ACCOUNTING_STAGES
 from prorl_bench.sweeps import stats
 from prorl_bench.sweeps.sweepdir import Sweep, group_label, pair_key
 

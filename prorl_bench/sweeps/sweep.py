@@ -44,7 +44,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from prorl_bench.run.guards import STOP_FILE, write_stop_file
+from prorl_bench.run.signals import STOP_FILE, write_stop_file
 from prorl_bench.sweeps.aggregate import SWEEP_DIR_FILE_ENV, aggregate, print_result
 from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command
 from prorl_bench.sweeps.sweepwatch import SweepWatch, scan
