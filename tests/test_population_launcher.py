@@ -65,10 +65,10 @@ def _metrics(d: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_population_killed_with_sigkill_resumes_to_the_single_runs(tmp_path):
+def test_population_killed_with_sigkill_resumes_to_the_single_runs(tmp_path, base_cache):
     """SIGKILL the whole multirun once a member has checkpointed; the same command resumes every
     member, and each ends equal (metrics bit for bit) to an uninterrupted single run with its seed."""
-    sweep, cache = tmp_path / "sw", tmp_path / "cache"
+    sweep, cache = tmp_path / "sw", base_cache  # the session's bases (file-locked; shared with other tests)
     args = ("seed=0,1", "steps=8", "checkpoint.every=2")
     proc = subprocess.Popen(_cmd(sweep, cache, *args), env=_env(), cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -15,7 +15,7 @@ from prorl_bench.run.outputs import read_jsonl
 from .conftest import FAST, make_config, strip_timing
 
 EXE = str(Path(sys.executable).with_name("prorl-bench"))
-RUN = FAST[:-1] + ["steps=40", "eval_every=10", "checkpoint.every=5", "progress=false", "hardware.torch_threads=1"]
+RUN = FAST[:-1] + ["steps=20", "eval_every=10", "checkpoint.every=5", "progress=false", "hardware.torch_threads=1"]
 
 
 def _cmd(run_dir, cache, extra=()):
@@ -47,7 +47,7 @@ def reference_run(tmp_path_factory, base_cache):
 
 def _same_run(d, ref):
     rows = read_jsonl(d / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, 41))  # every step exactly once
+    assert [r["step"] for r in rows] == list(range(1, 21))  # every step exactly once
     assert strip_timing(rows) == strip_timing(read_jsonl(ref / "metrics.jsonl"))
     assert read_jsonl(d / "validation.jsonl") == read_jsonl(ref / "validation.jsonl")
     drop = ("start", "resume", "preempted", "end")
@@ -59,10 +59,10 @@ def _same_run(d, ref):
 def test_sigkill_and_resume_is_identical_to_an_uninterrupted_run(tmp_path, base_cache, reference_run):
     d = tmp_path / "run"
     proc = _start(d, base_cache)
-    _wait_rows(d, 13, proc)
+    _wait_rows(d, 8, proc)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
-    assert 13 <= len(read_jsonl(d / "metrics.jsonl")) < 40  # killed mid-way, past a checkpoint
+    assert 8 <= len(read_jsonl(d / "metrics.jsonl")) < 20  # killed mid-way, past a checkpoint (step 5)
     r = subprocess.run(_cmd(d, base_cache), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     _same_run(d, reference_run)

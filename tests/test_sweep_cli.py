@@ -46,8 +46,8 @@ def test_dry_run_lists_and_validates_every_job(tmp_path):
     assert "#11 +arm=C seed=2 +sweep=ablation_small" in proc.stdout
     assert "12 jobs, all valid (dry run: nothing was run)" in proc.stdout
     assert not sweep_dir.exists()
-    bad = _run(["+sweep=ablation_small", "--dry-run", "algo.lr=0,1e-3"], tmp_path)
-    assert bad.returncode == 2 and "12 of 24 jobs are invalid" in bad.stderr and "algo.lr" in bad.stderr
+    bad = _run(["+sweep=ablation_small", "--dry-run", "+arm=A1,B", "seed=0", "algo.lr=0,1e-3"], tmp_path)
+    assert bad.returncode == 2 and "2 of 4 jobs are invalid" in bad.stderr and "algo.lr" in bad.stderr
 
 
 def test_hydra_informational_flags_pass_through(tmp_path):
@@ -123,7 +123,7 @@ def sweep_args(tmp_path, base_cache):
     def args(sweep_dir: Path) -> list[str]:
         return [
             "+sweep=ablation", "+arm=A1,B", "seed=0,1", f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2",
-            f"warmup.cache_dir={base_cache}", *FAST, "steps=40", "eval_every=20", "checkpoint.every=2",
+            f"warmup.cache_dir={base_cache}", *FAST, "steps=16", "eval_every=8", "checkpoint.every=2",
         ]  # fmt: skip
 
     return args
@@ -146,12 +146,12 @@ def test_sigterm_to_the_process_group_ends_the_sweep_with_its_table(tmp_path, sw
     assert summaries and all(s["status"] == "preempted" for s in summaries.values())
     started = [d for d in sweep_dir.glob("*") if _rows(d) > 0]
     assert started and all(list((d / "checkpoints").glob("*.pt")) for d in started)
-    assert all(summaries[d.name]["steps_completed"] == _rows(d) < 40 for d in started)
+    assert all(summaries[d.name]["steps_completed"] == _rows(d) < 16 for d in started)
 
     again = _run(sweep_args(sweep_dir), tmp_path)  # the same command resumes
     assert again.returncode == 0, again.stderr[-2000:]
     done = _summaries(sweep_dir)
-    assert len(done) == 4 and all(s["status"] == "completed" and s["steps_completed"] == 40 for s in done.values())
+    assert len(done) == 4 and all(s["status"] == "completed" and s["steps_completed"] == 16 for s in done.values())
 
 
 @pytest.mark.slow
@@ -193,10 +193,10 @@ def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
     job 2 logged 2 steps. Then `--resume DIR` from another directory: job 1 is skipped with its files
     byte-identical, job 2 resumes from its checkpoint, jobs 3-4 (never started) run, the table covers
     all four, and no second sweep directory appears."""
-    steps = 24
+    steps = 12
     args = [
         "+sweep=ablation", "+arm=A1,B", "seed=0,1", "hydra.launcher.n_jobs=1", f"warmup.cache_dir={base_cache}",
-        *FAST, f"steps={steps}", "eval_every=12", "checkpoint.every=2",
+        *FAST, f"steps={steps}", "eval_every=6", "checkpoint.every=2",
     ]  # fmt: skip
     proc = _start(args, tmp_path)
     root = tmp_path / "outputs" / "sweeps" / "ablation" / "explore"  # a study grid: <study>/<block>/<date>
