@@ -279,3 +279,35 @@ def test_resume_replays_the_recorded_command(tmp_path):
     assert args[4:] == ["hydra.launcher.n_jobs=4", "--dry-run"]
     (pinned,) = OverridesParser.create().parse_overrides([args[3]])
     assert pinned.key_or_group == "hydra.sweep.dir" and pinned.value() == str(sweep_dir)
+
+
+def test_validation_shares_a_composition_across_seeds_and_keeps_each_jobs_verdict(monkeypatch):
+    """validate_jobs composes once per job up to its seed; its verdicts equal composing every job."""
+    import hydra
+    from hydra import compose, initialize_config_dir
+
+    from prorl_bench.config import to_config
+    from prorl_bench.searchpath import CONF_DIR
+    from prorl_bench.sweeps import sweep
+
+    # seeds 14-16 against a block of 0-15 (16 is refused), a bad lr (every seed refused), a seed that is no integer
+    jobs = sweep.plan_jobs(["+sweep=routing_oversight", "+arm=route_dual,route_filter", "seed=14,15,16",
+                            "algo.lr=0,1e-3"])  # fmt: skip
+    jobs.append(["+arm=route_dual", "seed=x", "+sweep=routing_oversight"])
+
+    def each(job):
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                to_config(compose(config_name="config", overrides=list(job)))
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {e}".splitlines()[0]
+
+    expected = [(list(j), err) for j in jobs if (err := each(j)) is not None]
+    assert len(expected) == 2 * 3 + 2 + 1  # lr=0: every seed of both arms; lr=1e-3: seed 16; seed=x
+    assert sum("seed=16 is not in study block" in err for _, err in expected) == 2
+
+    calls = []
+    monkeypatch.setattr(hydra, "compose", lambda *a, **k: calls.append(1) or compose(*a, **k))
+    assert sweep.validate_jobs(jobs) == expected
+    assert len(calls) == 2 * 2 + 1  # one composition per (arm, lr), and one for the job with seed=x
