@@ -90,7 +90,7 @@ def _fmt(v):
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=3))
-def test_any_config_runs_or_fails_cleanly(tmp_path_factory, overrides):
+def test_any_config_runs_or_fails_cleanly(tmp_path_factory, base_cache, overrides):
     from prorl_bench.run.trainer import train
 
     ovr = SMALL + [f"{k}={_fmt(v)}" for k, v in overrides.items()]
@@ -102,7 +102,7 @@ def test_any_config_runs_or_fails_cleanly(tmp_path_factory, overrides):
     # valid configs stay small enough to run in a second (bounded by the strategy's ranges)
     d = tmp_path_factory.mktemp("hostile")
     try:
-        summary = train(cfg, d / "run", d / "cache")
+        summary = train(cfg, d / "run", base_cache)  # bases are keyed by their config: shared ones are reused
     except CLEAN:
         return
     assert summary["status"] == "completed"
