@@ -281,7 +281,7 @@ def test_member_equals_single_run_with_its_seed(variant, tmp_path, base_cache):
     the weights, the reference and AdamW's state — all equal to the single run's, bit for bit."""
     from prorl_bench.run.trainer import train
 
-    seeds = [0, 1, 2]
+    seeds = [0, 1, 2] if variant == "C_kl_spike" else [0, 1]  # three members make differing reset steps likely
     over = FAST + VARIANTS[variant] + ["checkpoint.every=3"]
     for s in seeds:
         train(make_config([*over, f"seed={s}"]), tmp_path / f"single{s}", base_cache, threads=1)
@@ -289,7 +289,7 @@ def test_member_equals_single_run_with_its_seed(variant, tmp_path, base_cache):
     results = run_population(jobs, base_cache)
     assert all(isinstance(r, dict) and r["status"] == "completed" for r in results), results
     stats = run_population.last_stats
-    assert stats["solo_calls"] == 0 and stats["batched_requests"] == 3 * stats["batched_calls"] > 0
+    assert stats["solo_calls"] == 0 and stats["batched_requests"] == len(seeds) * stats["batched_calls"] > 0
     for s in seeds:
         _assert_member_equals_single(tmp_path / f"pop{s}", tmp_path / f"single{s}")
     if variant == "C_kl_spike":  # the point of this case: members were reset at different steps
