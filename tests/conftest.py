@@ -93,10 +93,3 @@ def tiny_hf_dir_pad(tmp_path_factory) -> Path:
     from prorl_bench.models.tiny_hf import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("hf") / "pad", hidden_size=32, n_layers=2, n_heads=4, with_pad=True)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Slow end-to-end tests first (a stable sort: otherwise collection order). Under pytest-xdist the
-    short tests then fill both workers until the end, instead of a long sweep test collected late
-    (test_sweep_cli, test_sweeps_e2e) running alone while the other worker idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
