@@ -4,8 +4,8 @@ success against hack rate of the deployed model per recall, and the tables the R
     PYTHONPATH=. python benchmarks/routing_study.py [--root outputs/sweeps/routing_oversight] [--out DIR]
 
 Reads, for every block (explore, confirm) and recall, the newest sweep directory
-``ROOT/<block>/recall=<r>/<date>/`` and its runs through ``prorl_bench.sweeps.sweepdir`` via
-``aggregate`` (the same per-run figures the sweep's own table uses). ``route_plain`` ignores the labels,
+``ROOT/<block>/recall=<r>/<date>/`` through ``aggregate`` (the same per-run figures the sweep's own
+table uses; its tables are written under OUT, never into the sweep directories). ``route_plain`` ignores the labels,
 so it runs in the recall-1.0 sweep only and is drawn in every panel. Writes ``routing_oversight.png``
 (x: hack rate, y: task success, forget adapter ablated; mean and 95% t interval over seeds; filled:
 explore, hollow: confirm; the dashed line is the study's acceptable hack rate) and ``curves.md`` (the
@@ -39,11 +39,12 @@ def newest_sweeps(root: Path) -> dict[tuple[str, float], Path]:
     return found
 
 
-def runs_table(sweeps: dict[tuple[str, float], Path]) -> pd.DataFrame:
-    """One row per run: block, recall, arm, seed, success and hack rate of the deployed model."""
+def runs_table(sweeps: dict[tuple[str, float], Path], out: Path) -> pd.DataFrame:
+    """One row per run: block, recall, arm, seed, success and hack rate of the deployed model. The
+    per-sweep tables go under ``out``: the sweeps' own ``aggregate/`` directories are left as they are."""
     frames = []
     for (block, recall), d in sweeps.items():
-        res = aggregate(d, out_dir=d / "aggregate", figures=False)
+        res = aggregate(d, out_dir=out / f"{block}_recall={recall:g}", figures=False)
         runs = res.runs.assign(block=block, recall=recall)
         frames.append(runs[["block", "recall", "arm", "seed", "status", "route_retain_success", "route_retain_hack"]])
     runs = pd.concat(frames, ignore_index=True)
@@ -114,7 +115,7 @@ def main() -> None:
     out = args.out or args.root / "summary"
     out.mkdir(parents=True, exist_ok=True)
     sweeps = newest_sweeps(args.root)
-    runs = runs_table(sweeps)
+    runs = runs_table(sweeps, out)
     runs.to_csv(out / "runs.csv", index=False)
     print(f"figure: {figure(runs, out)}")
     (out / "curves.md").write_text(curves(sweeps))

@@ -80,6 +80,9 @@ def plan_jobs(args: Sequence[str]) -> list[list[str]]:
     return BasicSweeper.split_arguments(parser.parse_overrides(grid + list(args)), None)[0]
 
 
+_SEED = re.compile(r"seed=-?[0-9]+")  # a plain integer seed override (not +seed, not a sweep)
+
+
 def validate_jobs(jobs: Sequence[Sequence[str]]) -> list[tuple[list[str], str]]:
     """(job overrides, error) for every job whose config does not compose or validate.
 
@@ -115,9 +118,6 @@ def validate_jobs(jobs: Sequence[Sequence[str]]) -> list[tuple[list[str], str]]:
             if seen[key] is not None:
                 errors.append((list(job), seen[key]))
     return errors
-
-
-_SEED = re.compile(r"seed=-?[0-9]+")  # a plain integer seed override (not +seed, not a sweep)
 
 
 class _Child:
