@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from prorl_bench.sweeps import aggregate as agg
+from prorl_bench.sweeps import callback
 from prorl_bench.sweeps.sweepdir import SweepDirError, load_sweep
 
 from .sweep_factory import metric_rows, write_multirun_yaml, write_run
@@ -190,9 +191,9 @@ def test_malformed_sweep_dirs_fail_loudly(tmp_path, capsys):
 
 def test_callback_records_sweep_dir_and_prints_table(sweep_dir, tmp_path, monkeypatch, capsys):
     marker = tmp_path / "marker"
-    monkeypatch.setenv(agg.SWEEP_DIR_FILE_ENV, str(marker))
+    monkeypatch.setenv(callback.SWEEP_DIR_FILE_ENV, str(marker))
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
-    cb = agg.AggregateCallback(figures=False)
+    cb = callback.AggregateCallback(figures=False)
     cb.on_multirun_start(cfg)
     assert marker.read_text() == str(sweep_dir.resolve())
     cb.on_multirun_end(cfg)

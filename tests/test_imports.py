@@ -135,3 +135,28 @@ def test_sweep_wrapper_and_aggregator_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"torch is imported by the sweep wrapper or the aggregator: {out}"
+
+
+def test_a_training_process_does_not_import_the_aggregator():
+    """Hydra instantiates ``hydra.callbacks`` in every process that runs a job (each single run, each
+    sweep worker). The aggregation callback must not pull in pandas or scipy there: they cost about
+    1.6 s of start-up per training process and only the multirun's end uses them. A fresh interpreter
+    imports the CLI, composes the real config and instantiates its callbacks as Hydra does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from hydra.utils import instantiate\n"
+        "import prorl_bench.cli.app\n"
+        "from prorl_bench.searchpath import CONF_DIR\n"
+        "with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):\n"
+        "    cfg = compose(config_name='config', return_hydra_config=True)\n"
+        "cbs = [instantiate(c) for c in cfg.hydra.callbacks.values()]\n"
+        "assert cbs and type(cbs[0]).__name__ == 'AggregateCallback', cbs\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'scipy', 'matplotlib'))[:3])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"a training process imports the aggregator's dependencies: {out.stdout}"

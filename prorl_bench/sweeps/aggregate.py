@@ -2,7 +2,7 @@
 
 Use it three ways:
 
-* automatically at the end of a multirun (``AggregateCallback``, registered in ``conf/config.yaml``),
+* automatically at the end of a multirun (``callback.AggregateCallback``, registered in ``conf/config.yaml``),
 * ``prorl-bench-aggregate SWEEP_DIR`` (Hydra skips the callback when any job failed),
 * from Python / the notebook: ``aggregate(sweep_dir)`` or the pieces ``load_sweep`` ->
   ``run_table`` -> ``group_table`` -> ``markdown_report``.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
 
 from prorl_bench.registry import ConfigError
 from prorl_bench.sweeps import stats
-from prorl_bench.sweeps.metric_catalog import METRIC_NAMES, METRICS
+from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES, METRICS
 from prorl_bench.sweeps.study import REQUIRED_BLOCKS, Endpoint, StudyConfig, study_from_dict
 from prorl_bench.sweeps.sweepdir import (
     RunRecord,
@@ -43,9 +40,6 @@ from prorl_bench.sweeps.sweepdir import (
 )
 
 OUT_SUBDIR = "aggregate"
-SWEEP_DIR_FILE_ENV = "PRORL_BENCH_SWEEP_DIR_FILE"  # prorl-bench-sweep learns the sweep dir through it
-DEFAULT_THRESHOLD = 0.5  # reward level for steps/time-to-threshold (task reward units, 0..1)
-DEFAULT_WINDOW = 5  # RL steps of trailing smoothing for thresholds and recovery
 
 # routing columns (printed and compared when a sweep has them): metric -> validation key
 ROUTE_METRICS = {
@@ -952,43 +946,6 @@ def print_result(res: AggregateResult, stream=None) -> None:
     for p in res.figures:
         print(f"[prorl-bench-aggregate] figure: {p}", file=stream)
     stream.flush()
-
-
-class AggregateCallback(Callback):
-    """Hydra callback: note the sweep dir at multirun start, aggregate and print at multirun end.
-
-    Hydra does not call ``on_multirun_end`` when a job failed; ``prorl-bench-sweep`` then runs the
-    aggregation itself, using the directory recorded here.
-    """
-
-    def __init__(
-        self,
-        threshold: float = DEFAULT_THRESHOLD,
-        window: int = DEFAULT_WINDOW,
-        figures: bool = True,
-        baseline: str | None = None,
-    ):
-        self.threshold, self.window, self.figures, self.baseline = threshold, window, figures, baseline
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from prorl_bench.run.signals import stop_sweep_on_signals
-
-        sweep_dir = Path(config.hydra.sweep.dir).resolve()
-        stop_sweep_on_signals(sweep_dir)  # SIGTERM/SIGINT stop the sweep cleanly, table included
-        target = os.environ.get(SWEEP_DIR_FILE_ENV)
-        if target:
-            Path(target).write_text(str(sweep_dir))
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        res = aggregate(
-            config.hydra.sweep.dir,
-            threshold=self.threshold,
-            window=self.window,
-            figures=self.figures,
-            baseline=self.baseline,
-            strict_baseline=False,  # a grid narrowed on the command line may not contain it
-        )
-        print_result(res)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,9 @@ must name one of them), kept apart so that validating a study's config does not 
 
 from __future__ import annotations
 
+DEFAULT_THRESHOLD = 0.5  # reward level for steps/time-to-threshold (task reward units, 0..1)
+DEFAULT_WINDOW = 5  # RL steps of trailing smoothing for thresholds and recovery
+
 # (column, heading, unit / definition) of every per-run figure, in table order.
 METRICS: list[tuple[str, str, str]] = [
     ("success_final", "success (last 10%)", "training success rate, mean over the last 10% of steps"),

@@ -7,7 +7,7 @@ leaves open:
   an ad-hoc grid fails at once, naming the job, and nothing is written); ``--dry-run`` lists the
   jobs and validates them without running anything;
 * when any job raises, Hydra skips ``on_multirun_end`` (so no table) and exits non-zero: the
-  multirun runs as a child process, ``AggregateCallback.on_multirun_start`` tells us the sweep
+  multirun runs as a child process, ``callback.AggregateCallback.on_multirun_start`` tells us the sweep
   directory through a temporary file, and we aggregate that directory here;
 * when the launcher itself fails before any job ran, its error is shown — not a table of
   "missing" rows;
@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from prorl_bench.run.signals import STOP_FILE, write_stop_file
-from prorl_bench.sweeps.aggregate import SWEEP_DIR_FILE_ENV, aggregate, print_result
+from prorl_bench.sweeps.aggregate import aggregate, print_result
+from prorl_bench.sweeps.callback import SWEEP_DIR_FILE_ENV
 from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command
 from prorl_bench.sweeps.sweepwatch import SweepWatch, scan
 
@@ -159,7 +160,7 @@ def run_sweep(
         watch = None if _progress_off(args) else SweepWatch(lambda: _read_marker(marker), n_jobs).start()
 
         def forward(signum: int, frame: object) -> None:
-            # the child stops its sweep (see aggregate.AggregateCallback); we wait for it and report.
+            # the child stops its sweep (see callback.AggregateCallback); we wait for it and report.
             # Once the sweep directory is known, stop it through its STOP file, not a second signal: a
             # Ctrl-C at a terminal has already reached the child (same process group), and a second
             # SIGINT would abort its running job ("Ctrl-C again") instead of preempting it.
@@ -183,7 +184,7 @@ def run_sweep(
 
 
 def _read_marker(marker: Path) -> Path | None:
-    """The sweep directory the multirun reported (``AggregateCallback.on_multirun_start``), or None."""
+    """The sweep directory the multirun reported (``callback.AggregateCallback.on_multirun_start``), or None."""
     text = marker.read_text().strip() if marker.is_file() else ""
     return Path(text) if text else None
 
