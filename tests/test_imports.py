@@ -135,6 +135,12 @@ def test_sweep_wrapper_and_aggregator_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"torch is imported by the sweep wrapper or the aggregator: {out}"
+    # the wrapper itself tables only a failed or stopped sweep (a finished one is tabled by the
+    # multirun's callback): the aggregator and scipy (0.9 s) are imported only then
+    heavy = "('scipy', 'prorl_bench.sweeps.aggregate')"
+    code = f"import sys, prorl_bench.sweeps.sweep; print([m for m in {heavy} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"the sweep wrapper imports the aggregator at start: {out}"
 
 
 def test_a_training_process_does_not_import_the_aggregator():

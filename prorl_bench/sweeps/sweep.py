@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from prorl_bench.run.signals import STOP_FILE, write_stop_file
-from prorl_bench.sweeps.aggregate import aggregate, print_result
 from prorl_bench.sweeps.callback import SWEEP_DIR_FILE_ENV
 from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command
 from prorl_bench.sweeps.sweepwatch import SweepWatch, scan
@@ -294,6 +293,8 @@ def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None)
         print(f"prorl-bench-sweep: the multirun failed {where}, exit {rc}; its error:", file=sys.stderr)
         print("\n".join("    " + line for line in tail[-12:]) or "    (no output)", file=sys.stderr)
         return rc
+    from prorl_bench.sweeps.aggregate import aggregate, print_result  # scipy: only for a table printed here
+
     why = f"stopped by {signal.Signals(stopped).name}" if stopped is not None else "some jobs failed"
     print(f"prorl-bench-sweep: {why} (exit {rc}); aggregating {sweep_dir}", file=sys.stderr)
     try:
