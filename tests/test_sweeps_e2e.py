@@ -176,7 +176,8 @@ def test_a_study_grid_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache):
     against the study's own baseline and states n."""
     sweep_dir = tmp_path / "sweep"
     args = ["-m", "prorl_bench.sweeps.sweep", "+sweep=adam_step_hazard", "seed=0,1"]
-    args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
+    # one joblib job at a time, in the multirun process: no loky workers to start (4 s of CPU each)
+    args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=1", f"warmup.cache_dir={sweep_cache}", *TINY]
     args += ["reset.every=2", "eval.n_samples=4", "eval.ks=[1,4]"]
     proc = _run(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -194,7 +195,8 @@ def test_the_routing_study_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache
     routed arm with the plain LoRA of equal rank; the routing figure is drawn."""
     sweep_dir = tmp_path / "sweep"
     args = ["-m", "prorl_bench.sweeps.sweep", "+sweep=routing", "seed=0,1"]
-    args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=2", f"warmup.cache_dir={sweep_cache}", *TINY]
+    # one joblib job at a time, in the multirun process: no loky workers to start (4 s of CPU each)
+    args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=1", f"warmup.cache_dir={sweep_cache}", *TINY]
     args += ["eval.n_samples=4", "eval.ks=[1,4]"]
     proc = _run(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
