@@ -61,6 +61,20 @@ def test_generators_split_and_verifier():
     assert 0.0 <= task.score(near, sb)[0] < 1.0
 
 
+def test_scoring_builds_one_scorer_per_generator(monkeypatch):
+    """Validation before the first training step scores with datasets built for their score_answer:
+    one per generator, not one per completion (spell_backward reads its word list in its constructor)."""
+    task = make_task(_task_cfg())
+    val = task.val_set()
+    built: list[str] = []
+    dataset = task._dataset
+    monkeypatch.setattr(task, "_dataset", lambda name, seed, size: built.append(name) or dataset(name, seed, size))
+    for _ in range(3):
+        rewards, _ = score(task, [p.target for p in val], val)
+        assert all(r == 1.0 for r in rewards)
+    assert sorted(built) == sorted(GENS)
+
+
 def test_split_is_deterministic_and_depends_on_the_seeds():
     a = make_task(_task_cfg()).sample_train(random.Random(5), 20)
     b = make_task(_task_cfg()).sample_train(random.Random(5), 20)
