@@ -88,6 +88,7 @@ def test_sweep_watch_reads_states_steps_and_eta(tmp_path):
     (d / ".lock").write_text("pid 1")
     _touch_later(d / ".lock", d / "summary.json")  # RunDirLock rewrote it: the resumed job runs now
     assert sweepwatch.job_state(d) == "running"
+    assert sweepwatch.job_state(d, ended=True) == "preempted"  # the multirun exited: nothing of it runs
 
     p = sweepwatch.scan(sweep)
     assert (p.total, p.done, p.running, p.failed, p.preempted, p.waiting) == (4, 1, 1, 1, 0, 1)
@@ -117,6 +118,28 @@ def test_sweep_watch_prints_when_counts_change(tmp_path):
     watch.stop()
     lines = out.getvalue().splitlines()
     assert len(lines) == 3, lines  # one line per change, none repeated
+
+
+def test_a_refused_resume_leaves_its_job_completed_once_the_sweep_ends(tmp_path):
+    """A resume refused before its first step (the job's config changed since it ran) takes the lock
+    (rewriting .lock) and writes no summary. While the multirun runs, that reads as running; once it
+    has exited, the summary's status stands: the last line says 1/1 done, not 1 running (seen: a
+    refused --resume of a finished 12-job sweep said "12 of 12 jobs unfinished" and offered the same
+    command again)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    write_multirun_yaml(sweep, {"seed": "0"}, [])
+    d = write_run(sweep, ["seed=0"], metric_rows([0.1] * 3), summary={"status": "completed"}, config={"steps": 3})
+    (d / ".lock").write_text("pid 1")
+    _touch_later(d / ".lock", d / "summary.json")
+    out = io.StringIO()
+    watch = sweepwatch.SweepWatch(lambda: sweep, poll_s=0.01, heartbeat_s=3600, stream=out).start()
+    while "0/1 done, 1 running" not in out.getvalue():  # readiness: the live reading
+        time.sleep(0.01)
+    watch.stop()
+    assert out.getvalue().splitlines()[-1].startswith("[prorl-bench-sweep] 1/1 done; 3/3 steps")
+    left = sweepwatch.scan(sweep, ended=True)
+    assert (left.done, left.running, left.waiting) == (1, 0, 0)
 
 
 @pytest.mark.slow

@@ -301,7 +301,7 @@ def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None)
         print_result(aggregate(sweep_dir, figures=_figures_wanted(args)))
     except SweepDirError as e:
         print(f"prorl-bench-sweep: {e}", file=sys.stderr)
-    left = scan(sweep_dir, n_jobs)
+    left = scan(sweep_dir, n_jobs, ended=True)  # the multirun has exited: none of its jobs runs
     if stopped is not None or left.preempted or left.running or left.waiting:
         unfinished = left.total - left.done - left.failed
         print(f"prorl-bench-sweep: {unfinished} of {left.total} jobs unfinished; to finish them in place "

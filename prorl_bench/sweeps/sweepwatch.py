@@ -10,7 +10,9 @@ Everything is read from the files the jobs write (no message passing; any launch
 
 * a job with ``summary.json`` has ended (completed / failed / preempted) — unless its ``.lock`` is
   newer: the run directory was taken again by a resumed job (``rundir.RunDirLock`` rewrites the lock
-  file when a run starts), which is running now;
+  file when a run starts), which is running now. Once the multirun has exited (``ended``), nothing of
+  it runs: a newer lock then marks a start that wrote no new summary (a resume refused because the
+  job's config changed, or a process killed at once), and the summary's status stands;
 * a job directory without ``summary.json`` is running (warming up, or logging steps);
 * a job of the grid (``multirun.yaml``) without a directory is waiting.
 
@@ -58,15 +60,16 @@ class SweepProgress:
         return (self.total, self.done, self.running, self.failed, self.preempted)
 
 
-def job_state(run_dir: Path) -> str:
-    """``completed`` | ``failed`` | ``preempted`` | ``running`` for one job directory (see above)."""
+def job_state(run_dir: Path, ended: bool = False) -> str:
+    """``completed`` | ``failed`` | ``preempted`` | ``running`` for one job directory (see above;
+    ``ended``: the multirun has exited)."""
     summary, lock = run_dir / SUMMARY, run_dir / LOCK_FILE
     try:
-        ended = summary.stat().st_mtime_ns
+        ended_ns = summary.stat().st_mtime_ns
     except FileNotFoundError:
         return "running"
     try:
-        if lock.stat().st_mtime_ns > ended:
+        if lock.stat().st_mtime_ns > ended_ns and not ended:
             return "running"  # a resumed job holds the directory; the summary is its previous segment's
     except FileNotFoundError:
         pass
@@ -91,11 +94,11 @@ def _planned_steps(run_dir: Path) -> int | None:
         return None
 
 
-def scan(sweep_dir: Path, total_hint: int | None = None) -> SweepProgress:
+def scan(sweep_dir: Path, total_hint: int | None = None, ended: bool = False) -> SweepProgress:
     """The sweep's progress now. ``total_hint``: the number of jobs, when the caller knows it (else
-    the grid in ``multirun.yaml``, else the directories found)."""
+    the grid in ``multirun.yaml``, else the directories found); ``ended``: the multirun has exited."""
     dirs = find_run_dirs(sweep_dir) if sweep_dir.is_dir() else []
-    states = [job_state(d) for d in dirs]
+    states = [job_state(d, ended) for d in dirs]
     planned = [_planned_steps(d) for d in dirs]
     known = [p for p in planned if p is not None]
     grid = total_hint or len(expected_jobs(sweep_dir) or []) or len(dirs)
@@ -152,13 +155,14 @@ class SweepWatch:
         return self
 
     def stop(self) -> None:
-        """Stop the thread; print a last line if the counts changed since the last one."""
+        """Stop the thread once the multirun has exited; print a last line if the counts changed since
+        the last one (read as ``scan(..., ended=True)``: no job of an exited multirun is running)."""
         self._stop.set()
         self._thread.join()
         if self._dir is None:
             self._dir = self.locate()
         if self._dir is not None:
-            self._report()
+            self._report(ended=True)  # called once the multirun has exited
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -168,9 +172,9 @@ class SweepWatch:
                     continue
             self._report()
 
-    def _report(self) -> None:
+    def _report(self, ended: bool = False) -> None:
         try:
-            p = scan(self._dir, self.total_hint)
+            p = scan(self._dir, self.total_hint, ended)
         except Exception:  # a directory mid-write must never take the sweep down: try again next poll
             return
         now = time.perf_counter()
