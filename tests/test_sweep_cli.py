@@ -330,3 +330,18 @@ def test_validation_shares_a_composition_across_seeds_and_keeps_each_jobs_verdic
     monkeypatch.setattr(hydra, "compose", lambda *a, **k: calls.append(1) or compose(*a, **k))
     assert sweep.validate_jobs(jobs) == expected
     assert len(calls) == 2 * 2 + 1  # one composition per (arm, lr), and one for the job with seed=x
+
+
+def test_the_table_of_a_stopped_sweep_draws_figures_as_the_multirun_was_told(tmp_path):
+    """prorl-bench-sweep tables a stopped or failed sweep itself; whether it draws figures is read
+    from the multirun's own record of hydra.callbacks.aggregate.figures (as Hydra parsed it)."""
+    from prorl_bench.sweeps.sweepdir import recorded_figures
+
+    def record(callbacks: str) -> bool:
+        (tmp_path / "multirun.yaml").write_text(f"hydra:\n  callbacks: {callbacks}\n")
+        return recorded_figures(tmp_path)
+
+    assert record("{aggregate: {_target_: x.AggregateCallback, figures: false}}") is False
+    assert record("{aggregate: {_target_: x.AggregateCallback, figures: true}}") is True
+    assert record("{aggregate: {_target_: x.AggregateCallback}}") is True  # the callback's default
+    assert record("{}") is True  # no callback recorded (hydra.callbacks={}): the aggregator's default

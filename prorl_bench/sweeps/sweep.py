@@ -49,7 +49,7 @@ from typing import Any
 
 from prorl_bench.run.signals import STOP_FILE, write_stop_file
 from prorl_bench.sweeps.callback import SWEEP_DIR_FILE_ENV
-from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command
+from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command, recorded_figures
 from prorl_bench.sweeps.sweepwatch import SweepWatch, scan
 
 # Hydra flags that print something instead of running (one of them makes a multirun meaningless)
@@ -267,16 +267,6 @@ def resume_args(args: Sequence[str]) -> tuple[list[str], Path | None]:
     return [*recorded, *extra, *flags], cwd
 
 
-def _figures_wanted(args: Sequence[str]) -> bool:
-    """False when the command line turns the multirun's figures off
-    (``hydra.callbacks.aggregate.figures=false``): the table printed here then skips them too."""
-    for a in args:
-        key, _, value = a.lstrip("+").partition("=")
-        if key == "hydra.callbacks.aggregate.figures":
-            return value.strip().lower() not in ("false", "0", "no", "off")
-    return True
-
-
 def resume_command(sweep_dir: Path) -> str:
     """The shell command that finishes ``sweep_dir`` in place."""
     return f"prorl-bench-sweep --resume {shlex.quote(str(sweep_dir))}"
@@ -298,7 +288,7 @@ def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None)
     why = f"stopped by {signal.Signals(stopped).name}" if stopped is not None else "some jobs failed"
     print(f"prorl-bench-sweep: {why} (exit {rc}); aggregating {sweep_dir}", file=sys.stderr)
     try:
-        print_result(aggregate(sweep_dir, figures=_figures_wanted(args)))
+        print_result(aggregate(sweep_dir, figures=recorded_figures(sweep_dir)))  # as the multirun was told
     except SweepDirError as e:
         print(f"prorl-bench-sweep: {e}", file=sys.stderr)
     left = scan(sweep_dir, n_jobs, ended=True)  # the multirun has exited: none of its jobs runs

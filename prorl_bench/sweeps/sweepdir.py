@@ -235,12 +235,8 @@ def expected_jobs(sweep_dir: Path) -> list[dict[str, str]] | None:
 NOT_REPLAYED = ("hydra.sweep.dir=", "hydra.mode=")
 
 
-def recorded_command(sweep_dir: str | Path) -> tuple[list[str], Path | None]:
-    """The overrides that launched the multirun in ``sweep_dir`` (from its ``multirun.yaml``: the
-    command line's task and Hydra overrides) with ``hydra.sweep.dir`` pinned to ``sweep_dir``, and
-    the directory it was launched from (relative paths in the overrides are relative to it; None
-    when not recorded). Re-launching these runs the same jobs in the same run directories."""
-    sweep_dir = Path(sweep_dir).resolve()
+def _recorded_hydra(sweep_dir: Path) -> dict[str, Any]:
+    """The ``hydra`` node of the multirun's ``multirun.yaml`` (as Hydra resolved it at launch)."""
     path = sweep_dir / MULTIRUN
     if not path.is_file():
         raise SweepDirError(f"{path} not found: {sweep_dir} is not a Hydra multirun directory (or it never started)")
@@ -248,7 +244,24 @@ def recorded_command(sweep_dir: str | Path) -> tuple[list[str], Path | None]:
         cfg = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise SweepDirError(f"{path}: not valid YAML ({e})") from e
-    hydra_cfg = cfg.get("hydra") or {}
+    return cfg.get("hydra") or {}
+
+
+def recorded_figures(sweep_dir: str | Path) -> bool:
+    """Whether the multirun in ``sweep_dir`` draws figures: its ``hydra.callbacks.aggregate.figures`` as
+    Hydra parsed it from the command line (True when the callback or the key is not recorded)."""
+    node = ((_recorded_hydra(Path(sweep_dir)).get("callbacks") or {}).get("aggregate")) or {}
+    return bool(node.get("figures", True))
+
+
+def recorded_command(sweep_dir: str | Path) -> tuple[list[str], Path | None]:
+    """The overrides that launched the multirun in ``sweep_dir`` (from its ``multirun.yaml``: the
+    command line's task and Hydra overrides) with ``hydra.sweep.dir`` pinned to ``sweep_dir``, and
+    the directory it was launched from (relative paths in the overrides are relative to it; None
+    when not recorded). Re-launching these runs the same jobs in the same run directories."""
+    sweep_dir = Path(sweep_dir).resolve()
+    path = sweep_dir / MULTIRUN
+    hydra_cfg = _recorded_hydra(sweep_dir)
     overrides = hydra_cfg.get("overrides") or {}
     task, hydra_ovr = list(overrides.get("task") or []), list(overrides.get("hydra") or [])
     if not all(isinstance(x, str) for x in task + hydra_ovr):
