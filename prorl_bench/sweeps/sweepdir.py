@@ -236,7 +236,7 @@ NOT_REPLAYED = ("hydra.sweep.dir=", "hydra.mode=")
 
 
 def _recorded_hydra(sweep_dir: Path) -> dict[str, Any]:
-    """The ``hydra`` node of the multirun's ``multirun.yaml`` (as Hydra resolved it at launch)."""
+    """The ``hydra`` node of the multirun's ``multirun.yaml`` (as Hydra saved it at launch, unresolved)."""
     path = sweep_dir / MULTIRUN
     if not path.is_file():
         raise SweepDirError(f"{path} not found: {sweep_dir} is not a Hydra multirun directory (or it never started)")
