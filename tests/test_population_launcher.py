@@ -1,4 +1,8 @@
-"""``hydra/launcher=population``: grouping, the dry run, and a killed population that resumes."""
+"""``hydra/launcher=population``: grouping, the dry run, and a killed population that resumes.
+
+Every command is the installed ``prorl-bench`` entry point started from a temporary directory with no
+``PYTHONPATH``: Hydra finds the launcher only if the install put it on the ``hydra_plugins`` namespace's
+path (DESIGN.md §12), so a packaging defect fails these tests."""
 
 from __future__ import annotations
 
@@ -19,18 +23,19 @@ from tests.conftest import make_config, strip_timing
 # positions, lr 1e-3, where a KL spike resets members at different steps)
 FAST = [*_FAST, "regime=v1_trap"]
 
-ROOT = Path(__file__).resolve().parents[1]
+EXE = str(Path(sys.executable).with_name("prorl-bench"))  # the console script the install made
 
 
 def _cmd(sweep_dir: Path, cache: Path, *overrides: str) -> list[str]:
     return [
-        sys.executable, "-m", "prorl_bench.cli.app", "-m", *FAST, *overrides, f"warmup.cache_dir={cache}",
+        EXE, "-m", *FAST, *overrides, f"warmup.cache_dir={cache}",
         "hydra/launcher=population", f"hydra.sweep.dir={sweep_dir}", "hydra.callbacks={}",
     ]  # fmt: skip
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    """The user's environment: nothing on PYTHONPATH points at the checkout."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"}
 
 
 def test_dry_run_says_which_jobs_batch_and_why_others_cannot(tmp_path):
