@@ -44,7 +44,8 @@ CASES = [  # (completion for gcd: tests (12,18) (7,13) (100,75) (9,9)), reward, 
     (fenced("def gcd(a, b) return a"), 0.0, "syntax_error"),
     ("", 0.0, "no_code"),
     (fenced("def gcd(a, b):\n    while True:\n        pass"), 0.0, "timeout"),
-    (fenced("def gcd(a, b):\n    x = bytearray(2**40)\n    return 0"), 0.0, "memory"),
+    (fenced("def gcd(a, b):\n    x = bytearray(2**30)\n    return 0"), 0.0, "memory"),  # over the sample's 512 MiB
+    (fenced("def gcd(a, b):\n    raise MemoryError"), 0.0, "exception"),  # raised, no limit hit: the program's words
     (fenced("import ctypes\nctypes.string_at(0)"), 0.0, "killed"),  # a segfault: the kernel's signal
     (fenced("import sys\nsys.exit(0)"), 0.0, "exception"),  # exits before the tests run
     # forging the harness's output without the nonce: every line is ignored
@@ -184,6 +185,27 @@ def test_weak_isolation_is_refused_unless_accepted(monkeypatch, capsys):
     monkeypatch.setattr(code_task, "isolation", lambda: Isolation("full"))
     _task(allow_weak_isolation=False)  # full: no flag needed
     assert "isolation: full" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "missing,exposed",
+    [
+        ("cgroup: cgroup v1: no pids hierarchy", "shared memory and memfd unbounded"),
+        ("seccomp: libseccomp.so.2: cannot open shared object file", "new user namespaces"),
+    ],
+)
+def test_a_missing_layer_is_named_and_refused_unless_accepted(monkeypatch, capsys, missing, exposed):
+    """Namespaces alone are not 'full': without the cgroup or the seccomp layer the task names the layer, why
+    it is missing and what a program could then do, and refuses unless the flag accepts it."""
+    import prorl_bench.tasks.code_task as code_task
+
+    monkeypatch.setattr(code_task, "isolation", lambda: Isolation("full", "", (missing,)))
+    with pytest.raises(ConfigError, match="allow_weak_isolation") as e:
+        _task(allow_weak_isolation=False)
+    assert missing in str(e.value) and exposed in str(e.value)
+    _task(allow_weak_isolation=True)
+    err = capsys.readouterr().err
+    assert "WARNING" in err and missing in err
 
 
 def test_taskconfig_default_keeps_other_tasks_untouched():

@@ -18,13 +18,14 @@ import pytest
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.tasks.code_task import DATA_DIR, CodeTask
 from prorl_bench.tasks.sandbox import WALL_MARGIN_S, SandboxLimits, isolation, run_program
+from prorl_bench.tasks.sandbox_uids import UIDS
 
 ISO = isolation()
 if ISO.level != "full":
     print(f"test_sandbox_hostile: skipped, isolation {ISO.level!r}: {ISO.reason}", file=sys.stderr)
 pytestmark = pytest.mark.skipif(ISO.level != "full", reason=f"needs sandbox isolation 'full': {ISO.reason}")
 
-UID = 310000  # a uid range of our own: other suites' samples (uid 200000+) may run beside these tests
+UID = 310000  # where this file's uid counter starts (each sample still gets a uid never used before)
 WALL = 2.0  # seconds: generous, so that a loaded machine does not turn a correct program into a timeout
 GCD = "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"
 
@@ -52,7 +53,8 @@ def score(task, gcd, program: str) -> tuple[float, dict]:
 
 
 def sample_processes() -> list[tuple[int, int]]:
-    """(pid, uid) of every host process running as one of this file's sample uids."""
+    """(pid, uid) of every host process running as a uid this process's samples ran as."""
+    ours = UIDS.reserved()
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -62,7 +64,7 @@ def sample_processes() -> list[tuple[int, int]]:
                 uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
         except (OSError, StopIteration):
             continue
-        if UID <= uid < UID + 4096:
+        if any(uid in block for block in ours):
             out.append((int(d), uid))
     return out
 
@@ -153,16 +155,20 @@ def test_a_value_written_to_the_own_call_pipe_counts_as_returning_it(task, gcd):
     same reward as returning that value, never credit for another call."""
     pipe_write = (
         "import os, stat\n"
-        "for fd in range(3, 64):\n"
-        "    try:\n"
-        "        if stat.S_ISFIFO(os.fstat(fd).st_mode) and fd > 2:\n"
-        "            os.write(fd, b'I{\"value\": 6}')\n"
-        "    except OSError:\n"
-        "        pass\n"
-        "os._exit(0)\n"
+        "def gcd(a, b):\n"
+        "    for fd in range(3, 64):\n"
+        "        try:\n"
+        "            if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+        "                os.write(fd, b'{\"value\": 6}')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    os._exit(0)\n"
     )
     assert score(task, gcd, pipe_write) == score(task, gcd, "def gcd(a, b):\n    return 6")
     assert score(task, gcd, pipe_write)[0] == 0.25  # only (12, 18) -> 6
+    # at the top level the program holds no call's pipe: writing on every pipe there and exiting earns nothing
+    top_level = pipe_write.replace("def gcd(a, b):\n", "if True:\n")
+    assert score(task, gcd, top_level) == (0.0, {"fail": "exception", "passed": 0, "tests": 4})
 
 
 # -- attack: leave files in /tmp and /dev/shm, reach a host Unix socket, read the host's /proc
@@ -246,7 +252,7 @@ def test_host_proc_invisible(task, gcd):
     assert any("pytest" in c for c in run_here(prog, "gcd", [1, 1]))
     r = run_program(prog, SandboxLimits(wall_s=5, uid=UID), [[1, 2]], "gcd")
     cmds = r.calls[0]["value"]
-    assert len(cmds) == 2 and not any("pytest" in c for c in cmds)  # the runner and this call's process
+    assert len(cmds) == 3 and not any("pytest" in c for c in cmds)  # the runner, the server, this call's copy
 
 
 def test_hidden_paths_inside_a_bound_tree_are_empty(tmp_path):
@@ -323,7 +329,8 @@ def test_no_process_survives_the_sample(task, gcd):
     )
     assert not sample_processes()
     reward, info = score(task, gcd, bomb)
-    assert reward == 0.0 and info["fail"] == "timeout"
+    # a copy whose fork fails (the sample's pids or memory cgroup) may raise and report that: still 0
+    assert reward == 0.0 and info["fail"] in ("timeout", "exception", "memory")
     assert sample_processes() == []
 
 
@@ -337,7 +344,7 @@ def test_a_wide_process_tree_is_gone_when_scoring_returns():
     )
     r = run_program(tree, SandboxLimits(wall_s=WALL, cpu_s=30, nproc=4096, memory_bytes=64 * 2**20, uid=UID))
     left = sample_processes()
-    assert r.status == "timeout" and left == []
+    assert r.status in ("timeout", "memory") and left == []  # 1024 processes may pass the sample's 64 MiB
 
 
 def test_many_samples_in_parallel_leave_nothing(task, gcd):

@@ -59,10 +59,11 @@ class CodeTaskConfig:
     val_path: str | None = None  # held-out problems (ids disjoint from path's); null = the shipped set
     prompt_style: PromptStyle = PromptStyle.chat  # chat: through the tokenizer's chat template; question: plain
     max_completion_tokens: int = 256  # completion budget in tokens (TRL: max_completion_length)
-    timeout_s: float = 5.0  # wall-clock limit per program (its CPU limit is the same, rounded up), seconds
-    memory_mb: int = 512  # address-space limit per program, MiB
+    timeout_s: float = 5.0  # wall-clock limit per test call and for the top level (CPU: the same, rounded up), s
+    memory_mb: int = 512  # memory limit per sample (its cgroup: all its processes and shared memory), MiB
     workers: int = 8  # programs run concurrently (sandbox processes)
-    # below isolation 'full' (root + util-linux unshare) the task refuses to run unless this is true
+    # below isolation 'full' (root + util-linux unshare) or without a layer (cgroup, seccomp) the task refuses
+    # to run unless this is true
     allow_weak_isolation: bool = False
 
     def __post_init__(self) -> None:

@@ -12,16 +12,19 @@ file is executed by the bench itself). The schema, close to MBPP / HumanEval::
      "difficulty": "easy"}                 # optional label: validation reports per label
 
 A sample's program is extracted from the completion (the last fenced ```python block, else a
-``<code></code>`` span, else the whole completion) and run in the sandbox (``sandbox.py``): a trusted runner
-forks one child per test, which executes the program and calls the entry point on that test's arguments;
-only the JSON-encoded return value comes back, over a pipe the program's output never reaches. The expected
-values never enter the sandbox: this process compares. Printing "passed", forging result lines or exiting
-early earns nothing (tests/test_sandbox_hostile.py). The isolation in force is printed when the task is
-built; below ``full`` the task refuses to run unless ``task.code.allow_weak_isolation=true``.
+``<code></code>`` span, else the whole completion) and run in the sandbox (``sandbox.py``): the program's top
+level runs once, then each test calls the entry point in a fresh fork of that state; only the JSON-encoded
+return value comes back, over a pipe made for that call, which the program's output never reaches. The
+expected values never enter the sandbox: this process compares each result as it arrives
+(``code_compare.py``: strict types, a tolerance only for float expectations, total) and drops it. Printing
+"passed", forging result lines or exiting early earns nothing (tests/test_sandbox_hostile.py). The isolation
+in force is printed when the task is built; below ``full`` with every layer (cgroup, seccomp) the task
+refuses to run unless ``task.code.allow_weak_isolation=true``.
 
 Reward: fraction of tests passed (``task.reward=partial``) or 1 only if all pass (``exact``);
 success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``), logged per step as
-``code/fail/<class>`` (fractions of the rollout) and written with the validation samples.
+``code/fail/<class>`` (fractions of the rollout) and written with the validation samples. ``score_many``
+never raises for one sample: a failure of the scorer itself on a sample is that sample's ``scorer_error``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import math
 import random
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ from typing import Any
 from prorl_bench.config import PromptStyle, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError
 from prorl_bench.tasks.base import Problem, jsonl_objects
+from prorl_bench.tasks.code_compare import Expected, canonical
 from prorl_bench.tasks.sandbox import (
     FAIL_CLASSES,
     Isolation,
@@ -51,10 +55,13 @@ from prorl_bench.tasks.sandbox import (
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "code"
 # One class per sample (sandbox.FAIL_CLASSES). ok: every test passed; no_code: nothing to run;
-# syntax_error: the program does not compile; timeout / memory / killed: the sandbox stopped it (wall or
-# CPU time, memory, a signal); output_limit: it wrote more than the cap to stdout or stderr, or returned
-# a value larger than the cap; exception: it raised (at top level, or in at least one test) or exited
-# before a test returned; wrong_answer: it ran every test without raising and at least one result differs.
+# syntax_error: the program does not compile; timeout / memory / killed: the sandbox stopped it (the
+# runner's clock or the CPU limit, the sample's memory cgroup's OOM counter, a signal); output_limit: it
+# wrote more than the cap to stdout or stderr, or returned a value larger than the cap; exception: it raised
+# (at top level, or in at least one test) or exited before a test returned; wrong_answer: it ran every test
+# without raising and at least one result differs; scorer_error: the scorer failed on this sample (a bug or
+# a sandbox failure, reported on stderr), which then gets 0. Every class comes from what the sandbox
+# observed, never from the program's words (an exception named MemoryError is an exception).
 INSTRUCTION = "Reply with the function in a ```python code block."
 REQUIRED = {"id": str, "prompt": str, "entry_point": str, "tests": list}
 
@@ -87,6 +94,10 @@ def load_problems(path: Path) -> list[dict[str, Any]]:
         for t in row["tests"]:
             if not (isinstance(t, dict) and isinstance(t.get("args"), list) and "expected" in t):
                 raise ConfigError(f"{where}: every test needs 'args' (a list) and 'expected'")
+            try:
+                canonical(t["expected"])
+            except ValueError:
+                raise ConfigError(f"{where}: an 'expected' value holds NaN or Infinity (nothing can match)") from None
         rows.append(row)
     if not rows:
         raise ConfigError(f"{path}: no problems")
@@ -108,34 +119,32 @@ def extract_program(completion: str) -> str | None:
     return text or None
 
 
-def _same(got: Any, expected: Any) -> bool:
-    if isinstance(expected, float) or isinstance(got, float):
-        return (
-            isinstance(got, (int, float))
-            and isinstance(expected, (int, float))
-            and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9)
-        )
-    return type(got) is type(expected) and got == expected if isinstance(expected, bool) else got == expected
-
-
-def judge(result: SandboxResult, tests: Sequence[dict]) -> tuple[int, str]:
-    """(tests passed, failure class) of one sandboxed run: only the calls' return values count."""
-    calls = list(result.calls) + [None] * (len(tests) - len(result.calls))
-    passed = sum(
-        1 for got, t in zip(calls, tests) if got is not None and "value" in got and _same(got["value"], t["expected"])
-    )  # fmt: skip
-    errors = {c["error"] for c in calls if c is not None and "error" in c}
-    if result.status != "ok" and result.status != "exception":  # syntax, timeout, memory, killed, output_limit
+def judge(result: SandboxResult, n_tests: int) -> tuple[int, str]:
+    """(tests passed, failure class) of one sandboxed run judged with ``check``: only the calls' return
+    values count, and the class comes from what the sandbox observed."""
+    calls = list(result.calls) + [None] * (n_tests - len(result.calls))
+    passed = sum(1 for c in calls if c is not None and c.get("passed") is True)
+    if result.status not in ("ok", "exception"):  # syntax, timeout, memory, killed, output_limit
         return passed, result.status
-    if "MemoryError" in errors:  # raised inside a call: still the memory limit
-        return passed, "memory"
     if result.status == "exception" or None in calls:  # crashed or exited before a call returned
         return passed, "exception"
-    if passed == len(tests):
+    if passed == n_tests:
         return passed, "ok"
-    if errors:
+    if any("error" in c for c in calls):
         return passed, "exception"
     return passed, "wrong_answer"
+
+
+def _check(tests: Sequence[dict]) -> Callable[[int, bytes], bool]:
+    """Judges call ``i``'s raw result against test ``i`` (``Expected`` built on first use)."""
+    built: dict[int, Expected] = {}
+
+    def check(i: int, payload: bytes) -> bool:
+        if i not in built:
+            built[i] = Expected(tests[i]["expected"])
+        return built[i].matches(payload)
+
+    return check
 
 
 class CodeTask:
@@ -195,21 +204,34 @@ class CodeTask:
     ) -> tuple[list[float], list[bool], list[dict[str, Any]]]:
         """Run every completion's program against its problem's tests, in parallel sandboxes.
         Returns rewards, successes and per-sample info ({"fail": class, "passed": k, "tests": n})."""
+        n = len(problems)
+        fails = ["no_code"] * n
+        passed = [0] * n
         programs = [extract_program(c) for c in completions]
         todo = [i for i, prog in enumerate(programs) if prog is not None]
+
+        def on_result(j: int, result: SandboxResult | BaseException) -> None:
+            i = todo[j]
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                passed[i], fails[i] = judge(result, len(problems[i].tests))
+            except Exception as e:  # noqa: BLE001 (this sample's failure, never the batch's)
+                passed[i], fails[i] = 0, "scorer_error"
+                print(f"[prorl-bench] task=code: scorer error on sample {i} ({problems[i].id}): "
+                      f"{type(e).__name__}: {str(e)[:500]}", file=sys.stderr)  # fmt: skip
+
         calls = [[t["args"] for t in problems[i].tests] for i in todo]
-        entry_points = [problems[i].entry_point for i in todo]
-        sources = [programs[i] for i in todo]
-        runs = run_many(sources, self.limits, self.c.workers, calls, entry_points, hide=self.hidden)
-        results = dict(zip(todo, runs))
+        checks = [_check(problems[i].tests) for i in todo]
+        run_many([programs[i] for i in todo], self.limits, self.c.workers, calls,
+                 [problems[i].entry_point for i in todo], hide=self.hidden, checks=checks, on_result=on_result,
+                 keep_stdout=0)  # fmt: skip
         rewards, success, infos = [], [], []
         for i, p in enumerate(problems):
-            n = len(p.tests)
-            passed, fail = (0, "no_code") if i not in results else judge(results[i], p.tests)
-            ok = passed == n
-            rewards.append(float(ok) if self.cfg.reward.value == "exact" else passed / n)
+            ok = fails[i] == "ok"
+            rewards.append(float(ok) if self.cfg.reward.value == "exact" else passed[i] / len(p.tests))
             success.append(ok)
-            infos.append({"fail": fail, "passed": passed, "tests": n})
+            infos.append({"fail": fails[i], "passed": passed[i], "tests": len(p.tests)})
         return rewards, success, infos
 
     @staticmethod
@@ -233,17 +255,20 @@ def describe_isolation() -> str:
 
 
 def check_isolation(allow_weak: bool) -> Isolation:
-    """The isolation in force, printed; below ``full`` a ConfigError unless ``allow_weak`` (then a warning
-    saying what a program can reach)."""
+    """The isolation in force, printed; below ``full`` with every layer a ConfigError unless ``allow_weak``
+    (then a warning saying what a program can reach)."""
     iso = isolation()
-    if iso.level == "full":
+    if iso.level == "full" and not iso.missing:
         print("[prorl-bench] task=code sandbox isolation: full (private root, no network, own pid namespace, "
-              "uid per sample)", file=sys.stderr)  # fmt: skip
+              "fresh uid, cgroup and seccomp filter per sample)", file=sys.stderr)  # fmt: skip
         return iso
-    msg = (f"task=code sandbox isolation here is {iso.level!r}, not 'full' ({iso.reason}); a program "
+    where = f"{iso.level!r}, not 'full'" if iso.level != "full" else "'full'"
+    lacks = f"; missing layers: {'; '.join(iso.missing)}" if iso.missing else ""
+    msg = (f"task=code sandbox isolation here is {where} ({iso.reason or 'namespaces: ok'}{lacks}); a program "
            f"could reach {iso.exposed()}")  # fmt: skip
     if not allow_weak:
         raise ConfigError(f"invalid config value task.code.allow_weak_isolation=false: {msg}. Run as root with "
-                          "util-linux unshare, or accept this with task.code.allow_weak_isolation=true")  # fmt: skip
+                          "util-linux unshare, a cgroup hierarchy with the memory, pids and cpu controllers and "
+                          "libseccomp, or accept this with task.code.allow_weak_isolation=true")  # fmt: skip
     print(f"[prorl-bench] WARNING: {msg} (accepted: task.code.allow_weak_isolation=true)", file=sys.stderr)
     return iso

@@ -19,10 +19,20 @@ Isolation levels (``isolation()``, probed once by running a real sample):
   sample's uid lacks permission, which is not the case for world-readable project files).
 - ``rlimits``: only the limits, the uid (as root) and the process-group kill.
 
-Every level: RLIMIT_CPU (``cpu_s``), RLIMIT_AS (``memory_bytes``), RLIMIT_FSIZE, RLIMIT_NPROC, no core
-dumps, no new privileges, a scrubbed environment, stdin from /dev/null; the wall limit ``wall_s`` is enforced
-by the runner per call and here with ``WALL_MARGIN_S`` on top; when ``run_program`` returns, no process of
-the sample is alive (pid namespace: its PID 1 exits only after the kernel has reaped every other process).
+Layers beside the namespaces (each probed; ``Isolation.missing`` names the ones this machine cannot give):
+
+- ``cgroup`` (``sandbox_cgroup.py``): a cgroup per sample bounds its memory (``memory_bytes``, including
+  shared memory, ``memfd`` and tmpfs pages; no swap), its process count (``nproc``) and its CPU weight (one
+  equal share per sample, whatever it forks or ``setsid()``s). ``memory`` failures are read from its OOM counter.
+- ``seccomp`` (``sandbox_seccomp.py``): no new namespaces, keyrings, exotic socket families, ptrace, bpf, ...
+- ``uids`` (``sandbox_uids.py``): as root, each sample runs as a uid never used before on this machine
+  (reserved under a file lock), so keyrings and RLIMIT_NPROC are never shared across samples or runs.
+
+Every level: RLIMIT_CPU (``cpu_s``, per process), RLIMIT_NOFILE (``nofile``), RLIMIT_FSIZE, RLIMIT_NPROC,
+RLIMIT_AS (``memory_bytes``, only without a memory cgroup), no core dumps, no new privileges, a scrubbed
+environment, stdin from /dev/null. The program's top level runs once per sample (``import_wall_s``); each
+call runs in a fresh fork of that state (``wall_s`` each, timed by the runner); when ``run_program``
+returns, no process of the sample is alive and its cgroup is gone.
 """
 
 from __future__ import annotations
@@ -39,20 +49,26 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from prorl_bench.tasks.sandbox_cgroup import CgroupLayout, SampleCgroup, find_layout
+from prorl_bench.tasks.sandbox_seccomp import export_seccomp_bpf
+from prorl_bench.tasks.sandbox_uids import UIDS
+
 FAIL_CLASSES = (
     "ok", "syntax_error", "exception", "wrong_answer", "timeout", "memory", "killed", "output_limit", "no_code",
+    "scorer_error",
 )  # fmt: skip
 LEVELS = ("full", "netns+pidns", "rlimits")
 WALL_MARGIN_S = 0.5  # the harness kills a sample this long after its wall limit if the runner has not ended it
 RUNNER_FAILED = 90  # exit code of a runner that could not set the sample up (a harness error, raised loudly)
-_RUNNER = (Path(__file__).resolve().parent / "sandbox_runner.py").read_text()
+_HERE = Path(__file__).resolve().parent
+_RUNNER = (_HERE / "sandbox_seccomp.py").read_text() + "\n" + (_HERE / "sandbox_runner.py").read_text()
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _NAMESPACES = {
     "full": ("--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"),
@@ -66,16 +82,19 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-program limits: ``wall_s``/``cpu_s`` in seconds, the ``*_bytes`` in bytes."""
+    """Per-sample limits: ``wall_s`` (each call; a plain program: its run), ``import_wall_s`` (the top level;
+    None: ``wall_s``) and ``cpu_s`` (per process) in seconds, the ``*_bytes`` in bytes."""
 
     wall_s: float = 5.0
     cpu_s: int = 5
-    memory_bytes: int = 512 * 2**20
+    memory_bytes: int = 512 * 2**20  # the sample's cgroup (all its processes together); else RLIMIT_AS
     fsize_bytes: int = 1 * 2**20
-    nproc: int = 64
-    # When running as root, each program gets its own unprivileged uid from [uid, uid + 4096) so
-    # RLIMIT_NPROC (counted per uid) is per sample: a fork bomb cannot starve its neighbours. -1: keep.
+    nproc: int = 64  # the sample's cgroup pids.max, and RLIMIT_NPROC of its uid
+    # When running as root, each sample gets its own unprivileged uid, never used before on this machine,
+    # from a counter that starts at ``uid`` (sandbox_uids.py). -1: keep the caller's uid.
     uid: int = 200000
+    import_wall_s: float | None = None
+    nofile: int = 64  # RLIMIT_NOFILE
     max_output_bytes: int = 1 * 2**20  # stdout, and separately stderr: past it the sample is killed
     max_result_bytes: int = 1 * 2**20  # one call's JSON-encoded return value
     tmpfs_bytes: int = 8 * 2**20  # the private /tmp and /dev/shm (level full), each
@@ -104,17 +123,25 @@ class Isolation:
 
     level: str
     reason: str = ""
+    missing: tuple = ()  # the layers this machine cannot give ("cgroup: why", "seccomp: why")
 
     def exposed(self) -> str:
-        """What a program can reach at this level that it cannot under ``full``."""
+        """What a program can reach at this level that it cannot under ``full`` with every layer."""
+        gaps = []
+        if any(m.startswith("cgroup") for m in self.missing):
+            gaps.append("memory, processes and CPU bounded per process only (shared memory and memfd unbounded; "
+                        "a sample can slow its neighbours)")  # fmt: skip
+        if any(m.startswith("seccomp") for m in self.missing):
+            gaps.append("new user namespaces (a full capability set inside one), kernel keyrings, AF_VSOCK and "
+                        "other socket families, ptrace, bpf, io_uring")  # fmt: skip
         if self.level == "full":
-            return "nothing beyond the limits (see docs/code_task.md)"
+            return "; ".join(gaps) or "nothing beyond the limits (see docs/code_task.md)"
         what = ("every world-readable file of this machine (the project, its problem files with the expected "
                 "answers, other users' files), world-writable directories such as /tmp and /dev/shm, "
                 "Unix sockets under them")  # fmt: skip
         if self.level == "rlimits":
             what += ", the network, and the host's processes (a process that leaves its group may outlive the sample)"
-        return what
+        return "; ".join([what, *gaps])
 
 
 def _bound_trees() -> list[str]:
@@ -135,17 +162,22 @@ def default_hidden() -> list[str]:
 
 
 def _job(source: str, calls: Sequence[list] | None, entry_point: str, limits: SandboxLimits, mode: str,
-         workdir: str, uid: int, hide: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+         workdir: str, uid: int, hide: Sequence[str], cgroup: SampleCgroup | None,
+         seccomp: bytes) -> dict[str, Any]:  # fmt: skip
     trees = _bound_trees()
     hidden = sorted({os.path.realpath(p) for p in hide} | set(hide))
+    import_wall = limits.wall_s if calls is None or limits.import_wall_s is None else limits.import_wall_s
     return {
         "source": source, "calls": None if calls is None else [list(c) for c in calls], "entry_point": entry_point,
-        "mode": mode, "workdir": workdir, "uid": uid, "wall_s": limits.wall_s, "cpu_s": limits.cpu_s,
-        "memory_bytes": limits.memory_bytes, "fsize_bytes": limits.fsize_bytes, "nproc": limits.nproc,
+        "mode": mode, "workdir": workdir, "uid": uid, "wall_s": limits.wall_s, "import_wall_s": import_wall,
+        "cpu_s": limits.cpu_s, "rlimit_as": 0 if cgroup else limits.memory_bytes, "nofile": limits.nofile,
+        "fsize_bytes": limits.fsize_bytes, "nproc": limits.nproc,
         "max_result_bytes": limits.max_result_bytes, "tmpfs_bytes": limits.tmpfs_bytes,
         "system": [p for p in _SYSTEM if os.path.lexists(p)],
         "binds": [*trees, "/etc/ld.so.cache"],
         "hide": [p for p in hidden if _inside_any(p, trees) and not any(_inside_any(t, [p]) or t == p for t in trees)],
+        "cgroup": {"procs": cgroup.procs_files(), "counters": cgroup.counters()} if cgroup else None,
+        "seccomp": seccomp,
     }  # fmt: skip
 
 
@@ -167,13 +199,48 @@ def interpreter(uid: int) -> str:
     raise SandboxError(f"sandbox: no Python interpreter importable by uid {uid}; set SandboxLimits(uid=-1)")
 
 
-_UIDS = itertools.count()
-_UID_LOCK = threading.Lock()
+_TAGS = itertools.count()
+_TAG_LOCK = threading.Lock()
 
 
-def _next_uid(base: int) -> int:
-    with _UID_LOCK:
-        return base + next(_UIDS) % 4096
+def _tag(uid: int) -> str:
+    """A name for the sample's cgroup, unique in this process (the pid is added by SampleCgroup)."""
+    if uid >= 0:
+        return f"u{uid}"
+    with _TAG_LOCK:
+        return f"n{next(_TAGS)}"
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The layers beside the namespaces that this machine gives: a cgroup layout and a seccomp program
+    (None / b"" when unavailable), and why each missing one is missing."""
+
+    cgroup: CgroupLayout | None
+    seccomp: bytes
+    missing: tuple
+
+
+@lru_cache(maxsize=1)
+def layers() -> Layers:
+    """Probed once per process: a test group is made and removed; the filter is built."""
+    missing = []
+    layout, why = find_layout() if os.getuid() == 0 else (None, "needs root")
+    if layout is not None:
+        try:
+            probe = SampleCgroup(layout, "probe")
+            probe.create(64 * 2**20, 8)
+            probe.destroy()
+        except OSError as e:
+            layout, why = None, f"cannot make a group under {layout.dirs()}: {e}"
+    if layout is None:
+        missing.append(f"cgroup: {why}")
+    try:
+        bpf = export_seccomp_bpf()
+    except OSError as e:
+        bpf = b""
+        missing.append(f"seccomp: {e} (Debian/Ubuntu: apt-get install libseccomp2)")
+    return Layers(layout, bpf, tuple(missing))
 
 
 def _descendants(pid: int) -> list[int]:
@@ -210,78 +277,99 @@ def _kill_sample(proc: subprocess.Popen, wrapped: bool) -> None:
             pass
 
 
+class _Frames:
+    """Frames from the runner, handled as they arrive and dropped: at most one frame is held at a time."""
+
+    def __init__(self, on_frame: Callable[[dict, bytes], None], cap: int) -> None:
+        self.on_frame, self.cap, self.buf = on_frame, cap, bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        while True:
+            end = self.buf.find(b"\n")
+            if end < 0:
+                if len(self.buf) > 4096:
+                    raise SandboxError(f"sandbox runner sent a malformed frame: {bytes(self.buf[:200])!r}")
+                return
+            try:
+                header = json.loads(self.buf[:end])
+                n = int(header["n"])
+            except (ValueError, KeyError, TypeError):
+                raise SandboxError(f"sandbox runner sent a malformed frame: {bytes(self.buf[:200])!r}") from None
+            if n > self.cap:
+                raise SandboxError(f"sandbox runner sent a {n}-byte result (cap {self.cap})")
+            if len(self.buf) < end + 1 + n:
+                return  # the rest of this frame is still on its way (or cut by a kill: then never handled)
+            payload = bytes(self.buf[end + 1 : end + 1 + n])
+            del self.buf[: end + 1 + n]
+            self.on_frame(header, payload)
+
+
 @dataclass
 class _Streams:
     """What the sample wrote, read with caps while it runs."""
 
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
-    frames: bytearray = field(default_factory=bytearray)
+    stdout_bytes: int = 0
     stderr_bytes: int = 0
     overflow: bool = False
 
 
-def _pump(proc: subprocess.Popen, result_fd: int, limits: SandboxLimits, n_calls: int, deadline: float,
-          wrapped: bool) -> tuple[_Streams, bool]:  # fmt: skip
-    """Read stdout, stderr and the frames until all close; kill at the output cap or the deadline."""
+def _pump(proc: subprocess.Popen, result_fd: int, limits: SandboxLimits, frames: _Frames, deadline: float,
+          wrapped: bool, keep_stdout: int) -> tuple[_Streams, bool]:  # fmt: skip
+    """Read stdout, stderr and the frames until all close; kill at the output cap or the deadline. Keeps the
+    first ``keep_stdout`` bytes of stdout and the last 4 KiB of stderr."""
     s = _Streams()
-    frame_cap = (n_calls + 1) * (limits.max_result_bytes + 4096)  # the runner's own bound on what it sends
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     sel.register(result_fd, selectors.EVENT_READ, "frames")
     killed_at: float | None = None
     timed_out = False
-    while sel.get_map():
-        now = time.monotonic()
-        if killed_at is None and now >= deadline:
-            timed_out, killed_at = True, now
-        if killed_at is not None and proc.poll() is None:
-            _kill_sample(proc, wrapped)  # again each pass: a runner not yet forked by `unshare` at the first
-        if killed_at is not None and now - killed_at > 2.0 and proc.poll() is not None:
-            break  # level rlimits: a process that left the group still holds a pipe; stop listening
-        wait = 0.05 if killed_at is not None else max(deadline - now, 0.0)
-        for key, _ in sel.select(timeout=wait):
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                sel.unregister(key.fileobj)
-                continue
-            if key.data == "stdout":
-                if len(s.stdout) <= limits.max_output_bytes:  # past the cap: drained, not kept
-                    s.stdout += chunk
-                s.overflow |= len(s.stdout) > limits.max_output_bytes
-            elif key.data == "stderr":
-                s.stderr_bytes += len(chunk)
-                s.stderr = (s.stderr + chunk)[-4096:]
-                s.overflow |= s.stderr_bytes > limits.max_output_bytes
-            else:
-                s.frames += chunk
-                if len(s.frames) > frame_cap:
-                    raise SandboxError(f"sandbox runner sent more than {frame_cap} bytes of results")
-            if s.overflow and killed_at is None:
-                killed_at = time.monotonic()
-                _kill_sample(proc, wrapped)
-    sel.close()
-    del s.stdout[limits.max_output_bytes :]
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if killed_at is None and now >= deadline:
+                timed_out, killed_at = True, now
+            if killed_at is not None and proc.poll() is None:
+                _kill_sample(proc, wrapped)  # again each pass: a runner not yet forked by `unshare` at the first
+            if killed_at is not None and now - killed_at > 2.0 and proc.poll() is not None:
+                break  # level rlimits: a process that left the group still holds a pipe; stop listening
+            wait = 0.05 if killed_at is not None else max(deadline - now, 0.0)
+            for key, _ in sel.select(timeout=wait):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                if key.data == "stdout":
+                    s.stdout_bytes += len(chunk)
+                    if len(s.stdout) < keep_stdout:  # past it: drained, not kept
+                        s.stdout += chunk[: keep_stdout - len(s.stdout)]
+                    s.overflow |= s.stdout_bytes > limits.max_output_bytes
+                elif key.data == "stderr":
+                    s.stderr_bytes += len(chunk)
+                    s.stderr = (s.stderr + chunk)[-4096:]
+                    s.overflow |= s.stderr_bytes > limits.max_output_bytes
+                else:
+                    frames.feed(chunk)
+                if s.overflow and killed_at is None:
+                    killed_at = time.monotonic()
+                    _kill_sample(proc, wrapped)
+    finally:
+        sel.close()
     return s, timed_out
 
 
-def _parse_frames(data: bytes) -> list[tuple[dict, bytes]]:
-    frames, pos = [], 0
-    while pos < len(data):
-        end = data.find(b"\n", pos)
-        if end < 0:
-            break  # a frame cut by a kill
-        try:
-            header = json.loads(data[pos:end])
-        except ValueError:
-            raise SandboxError(f"sandbox runner sent a malformed frame: {bytes(data[pos:end])[:200]!r}") from None
-        payload = data[end + 1 : end + 1 + header["n"]]
-        if len(payload) < header["n"]:
-            break
-        frames.append((header, payload))
-        pos = end + 1 + header["n"]
-    return frames
+def _error_name(payload: bytes) -> str | None:
+    """The exception name of an ``{"error": name}`` payload (parsed only when short), else None."""
+    if not payload.startswith(b'{"error": ') or len(payload) > 512:
+        return None
+    try:
+        value = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return value["error"] if isinstance(value, dict) and isinstance(value.get("error"), str) else None
 
 
 def _call_result(payload: bytes) -> dict | None:
@@ -295,23 +383,34 @@ def _call_result(payload: bytes) -> dict | None:
     return None
 
 
-def _status(frames: list[tuple[dict, bytes]], streams: _Streams, timed_out: bool) -> str:
-    if streams.overflow or any(h["kind"] == "too_large" for h, _ in frames):
+_XCPU = int(signal.SIGXCPU)
+
+
+def _status(headers: list[dict], streams: _Streams, timed_out: bool) -> str:
+    """The sample's status from what the runner and this process observed: output caps, the memory cgroup's
+    OOM counter, the clocks, exit signals and the server's compile marker; never from the program's words."""
+    if streams.overflow or any(h["kind"] == "too_large" for h in headers):
         return "output_limit"
-    if timed_out or any(h["kind"] == "timeout" for h, _ in frames):
+    if any(h.get("oom") for h in headers):
+        return "memory"
+    if timed_out or any(h["kind"] == "timeout" or h.get("signal") == _XCPU for h in headers):
         return "timeout"
-    for h, _ in frames:
+    for h in headers:
         if h["kind"] in ("import", "main", "died"):
             if "signal" in h:
                 return "killed"
-            code = h["code"]
-            if h["kind"] in ("import", "main") and code == 91:
+            if h["kind"] != "died" and not h.get("compiled", 1) and h["code"] == 91:
                 return "syntax_error"
-            if h["kind"] in ("import", "main") and code == 93:
-                return "memory"
-            if code != 0 or h["kind"] != "main":
+            if h["code"] != 0 or h["kind"] != "main":
                 return "exception"
     return "ok"
+
+
+def _harness_deadline(t0: float, limits: SandboxLimits, n_calls: int) -> float:
+    """When this process kills a sample whose runner has not ended it: every phase's limit, the top level
+    run again for each call (the weaker levels restart the server after each call), and a margin."""
+    top = limits.wall_s if limits.import_wall_s is None else limits.import_wall_s
+    return t0 + n_calls * (top + limits.wall_s) + top + WALL_MARGIN_S + 1.0
 
 
 def run_program(
@@ -321,20 +420,52 @@ def run_program(
     entry_point: str = "",
     hide: Sequence[str] | None = None,
     level: str | None = None,
+    check: Callable[[int, bytes], bool] | None = None,
+    keep_stdout: int | None = None,
 ) -> SandboxResult:
-    """Run ``source`` in the sandbox: as a program (``calls`` None), or once per argument list in ``calls``
-    calling ``entry_point``. Never raises for program misbehaviour; raises SandboxError if the sandbox fails."""
+    """Run ``source`` in the sandbox: as a program (``calls`` None), or calling ``entry_point`` once per
+    argument list in ``calls``. ``check(i, payload)``, if given, judges call ``i``'s raw JSON as it arrives
+    (the payload is then dropped: ``calls[i]`` is ``{"passed": bool}``). ``keep_stdout``: bytes of stdout
+    kept (default ``max_output_bytes``). Never raises for program misbehaviour; raises SandboxError if the
+    sandbox fails."""
     level = level or isolation().level
+    lay = layers()
     drop = limits.uid >= 0 and os.getuid() == 0
-    uid = _next_uid(limits.uid) if drop else -1
+    uid = UIDS.take(limits.uid) if drop else -1
+    cgroup = SampleCgroup(lay.cgroup, _tag(uid)) if lay.cgroup is not None else None
     work = tempfile.mkdtemp(prefix="prorl_sbx_")
     job_fd = os.memfd_create("prorl_sbx_job")
     rfd, wfd = os.pipe()
+    n_calls = len(calls or [None])
+    results: list[dict | None] = [None] * len(calls or [])
+    headers: list[dict] = []
+
+    def on_frame(h: dict, payload: bytes) -> None:
+        headers.append(h)
+        i = h.get("i")
+        if h["kind"] != "result" or calls is None or not isinstance(i, int) or not 0 <= i < len(results):
+            return
+        if h.get("oom"):
+            return  # the sample hit its memory limit during this call: the call gets no credit
+        name = _error_name(payload)
+        if name is not None:
+            results[i] = {"error": name}
+        elif check is None:
+            results[i] = _call_result(payload)
+        else:
+            results[i] = {"passed": bool(check(i, payload))}
+
     try:
+        if cgroup is not None:
+            try:
+                cgroup.create(limits.memory_bytes, limits.nproc)
+            except OSError as e:
+                raise SandboxError(f"sandbox: cannot make the sample's cgroup {cgroup.name}: {e}") from e
         if drop and level != "full":
             os.chown(work, uid, uid)
         mode = "full" if level == "full" else ("pidns" if level == "netns+pidns" else "rlimits")
-        job = _job(source, calls, entry_point, limits, mode, work, uid, default_hidden() if hide is None else hide)
+        hidden = default_hidden() if hide is None else hide
+        job = _job(source, calls, entry_point, limits, mode, work, uid, hidden, cgroup, lay.seccomp)
         os.write(job_fd, marshal.dumps(job))
         os.lseek(job_fd, 0, os.SEEK_SET)
         exe = sys.executable if level == "full" else interpreter(limits.uid if drop else -1)
@@ -343,14 +474,16 @@ def run_program(
             cmd = [shutil.which("unshare") or "unshare", *_NAMESPACES[level], "--", *cmd]
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if level == "full" else work, "LANG": "C.UTF-8",
                "TMPDIR": "/tmp" if level == "full" else work}  # fmt: skip
+        frames = _Frames(on_frame, limits.max_result_bytes + 4096)
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True, pass_fds=(job_fd, wfd))  # fmt: skip
         os.close(wfd)
         wfd = -1
+        keep = limits.max_output_bytes if keep_stdout is None else min(keep_stdout, limits.max_output_bytes)
         try:
-            streams, timed_out = _pump(proc, rfd, limits, len(calls or [None]), t0 + limits.wall_s + WALL_MARGIN_S,
-                                       wrapped=level in _NAMESPACES)  # fmt: skip
+            streams, timed_out = _pump(proc, rfd, limits, frames, _harness_deadline(t0, limits, n_calls),
+                                       level in _NAMESPACES, keep)  # fmt: skip
         except BaseException:
             _kill_sample(proc, level in _NAMESPACES)  # an error here: the sample must not outlive it
             raise
@@ -364,17 +497,12 @@ def run_program(
                 except OSError:
                     pass
         wall = time.monotonic() - t0
-        frames = _parse_frames(bytes(streams.frames))
         killed_by_us = timed_out or streams.overflow
         if rc != 0 and not killed_by_us:
             tail = bytes(streams.stderr).decode("utf-8", "replace")
             raise SandboxError(f"sandbox runner failed (exit {rc}, isolation {level}): {tail[-2000:]}")
-        results: list[dict | None] = [None] * len(calls or [])
-        for h, payload in frames:
-            if h["kind"] == "result" and calls is not None and 0 <= h["i"] < len(results):
-                results[h["i"]] = _call_result(payload)
         return SandboxResult(
-            _status(frames, streams, timed_out), rc, bytes(streams.stdout).decode("utf-8", "replace"),
+            _status(headers, streams, timed_out), rc, bytes(streams.stdout).decode("utf-8", "replace"),
             bytes(streams.stderr).decode("utf-8", "replace"), wall, tuple(results),
         )  # fmt: skip
     finally:
@@ -382,6 +510,8 @@ def run_program(
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(work, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.destroy()
 
 
 def run_many(
@@ -391,14 +521,31 @@ def run_many(
     calls: Sequence[Sequence[list]] | None = None,
     entry_points: Sequence[str] | None = None,
     hide: Sequence[str] | None = None,
-) -> list[SandboxResult]:
-    """Run programs concurrently (threads driving sandboxes); results in input order. ``calls[k]`` and
-    ``entry_points[k]``: the calls of program k (default: run each as a plain program)."""
+    checks: Sequence[Callable[[int, bytes], bool]] | None = None,
+    on_result: Callable[[int, SandboxResult | BaseException], None] | None = None,
+    keep_stdout: int | None = None,
+) -> list[SandboxResult | None]:
+    """Run programs concurrently (threads driving sandboxes). ``calls[k]`` and ``entry_points[k]``: the
+    calls of program k (default: run each as a plain program); ``checks[k]``: its ``check``. Without
+    ``on_result``: the results in input order (a sandbox error raises). With it: ``on_result(k, result or
+    the exception)`` as each sample finishes (a sandbox error is that sample's), and a list of None."""
 
-    def one(k: int) -> SandboxResult:
-        if calls is None:
-            return run_program(sources[k], limits, hide=hide)
-        return run_program(sources[k], limits, calls[k], entry_points[k], hide=hide)
+    def one(k: int) -> SandboxResult | None:
+        kw = {"hide": hide, "keep_stdout": keep_stdout}
+        if on_result is None:
+            if calls is None:
+                return run_program(sources[k], limits, **kw)
+            return run_program(sources[k], limits, calls[k], entry_points[k], check=checks and checks[k], **kw)
+        try:
+            if calls is None:
+                r = run_program(sources[k], limits, **kw)
+            else:
+                r = run_program(sources[k], limits, calls[k], entry_points[k], check=checks and checks[k], **kw)
+        except Exception as e:  # noqa: BLE001 (a sandbox failure is this sample's, reported to the caller)
+            on_result(k, e)
+        else:
+            on_result(k, r)
+        return None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
         return list(ex.map(one, range(len(sources))))
@@ -409,7 +556,9 @@ _PROBE = "import os\ndef probe(x):\n    return [x, os.getuid() != 0, sorted(os.l
 
 @lru_cache(maxsize=1)
 def isolation() -> Isolation:
-    """The strongest level that works here, found by running a real one-call sample at each level."""
+    """The strongest level that works here, found by running a real one-call sample at each level (with the
+    layers this machine gives: ``Isolation.missing`` names the others)."""
+    missing = layers().missing
     reasons = []
     for level in LEVELS[:-1]:
         if shutil.which("unshare") is None:
@@ -426,9 +575,9 @@ def isolation() -> Isolation:
         want = [7, os.getuid() == 0, []] if level == "full" else None
         got = r.calls[0]["value"] if r.calls and r.calls[0] and "value" in r.calls[0] else None
         if r.status == "ok" and (want is None and got and got[0] == 7 or got == want):
-            return Isolation(level, "; ".join(reasons))
+            return Isolation(level, "; ".join(reasons), missing)
         reasons.append(f"{level}: probe sample gave {r.status} {r.calls} {r.stderr[-300:]!r}")
-    return Isolation("rlimits", "; ".join(reasons))
+    return Isolation("rlimits", "; ".join(reasons), missing)
 
 
 def isolation_level() -> str:

@@ -1,23 +1,33 @@
-"""The trusted runner of one sandbox sample (run as ``python -I -S -c <this file's text>``; no project imports).
+"""The trusted runner of one sandbox sample (run as ``python -I -S -c <sandbox_seccomp.py + this file's text>``;
+no project imports).
 
 It is the first process of the sample (PID 1 of the sample's pid namespace when namespaces are in force) and
 never executes the untrusted program itself. It reads its job (program source, entry point, argument lists,
-limits) from a memfd, builds the sample's private filesystem (mode ``full``), then for each test call forks a
-fresh child that drops to the sample's unprivileged uid, executes the program, calls the entry point on that
-call's arguments and writes the JSON-encoded return value to a pipe made for that call alone. The runner
-reports one frame per call to the harness over fd ``RESULT_FD`` (argv[2]), a pipe the children close before the program
-runs; the program's stdout and stderr are just output. The expected values never enter the sandbox.
+limits) from a memfd, opens the sample's cgroup files, builds the sample's private filesystem (mode
+``full``), then forks the sample's *server*: a child that joins the sample's cgroup, drops to the sample's
+unprivileged uid, applies the rlimits and the seccomp filter, compiles the program and runs its top level
+once (within ``import_wall_s``). For each test call the runner makes a pipe and hands its write end to the
+server over a ``SOCK_SEQPACKET`` socket (``SCM_RIGHTS``); the server forks a fresh copy of itself that calls
+the entry point on that call's arguments and writes the JSON-encoded return value to that pipe (within
+``wall_s`` of the call's start, timed by the runner). Between calls every process of the sample but the
+server is killed (mode ``full``; in the weaker modes the server is killed too and started again for the
+next call). The runner reports one frame per call to the harness over fd ``RESULT_FD`` (argv[2]), a pipe no
+process of the sample holds; the program's stdout and stderr are just output. The expected values never
+enter the sandbox.
 
 Frames on ``RESULT_FD``: a JSON header line ``{"i": call, "kind": ..., "n": payload bytes, ...}`` followed by
-``n`` raw payload bytes (the child's JSON, unparsed: the harness parses it). Kinds: ``result`` (the call
-returned or raised: payload ``{"value": v}`` or ``{"error": name}``), ``died`` (the program ran but the call
-produced no result: ``code`` or ``signal``), ``import`` (the program did not get as far as the call: ``code``
-or ``signal``; 91 syntax error, 92 exception, 93 MemoryError), ``timeout`` (the sample's wall deadline or the
-CPU limit), ``too_large`` (the result passed ``max_result_bytes``), ``main`` (program-only mode: ``code`` or
-``signal`` of the one run).
+``n`` raw payload bytes (the call's JSON, unparsed: the harness compares it). Kinds: ``result`` (the call
+returned or raised: payload ``{"value": v}`` or ``{"error": name}``), ``died`` (the call produced no result:
+``code`` or ``signal`` as the server reports it), ``import`` (the top level did not finish: ``code`` or
+``signal`` of the server, observed by the runner; ``compiled`` 0 if it died before the program compiled),
+``timeout`` (the runner's clock), ``too_large`` (the result passed ``max_result_bytes``), ``main``
+(program-only mode: ``code`` or ``signal`` of the one run). Every header has ``oom``: 1 if the
+sample's memory cgroup counted an OOM kill or a charge refused at its limit during that phase (the runner
+reads the counters; the program cannot write them).
 """
 
 import _json  # the C half of json: json itself (and the re module it imports) costs ~13 ms CPU per sample
+import _socket
 import ctypes
 import marshal
 import os
@@ -30,7 +40,7 @@ import time
 RESULT_FD = -1  # set from argv: the write end of the harness's result pipe
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE = 1, 2, 4, 8, 32, 4096, 8192
 PR_SET_NO_NEW_PRIVS = 38
-EXIT_SYNTAX, EXIT_EXCEPTION, EXIT_MEMORY = 91, 92, 93
+EXIT_SYNTAX, EXIT_EXCEPTION, EXIT_SETUP = 91, 92, 94
 _libc = ctypes.CDLL(None, use_errno=True)
 _WARM_UP = "def f(a, b=1, *c, **d):\n    for i in range(a):\n        b += [x for x in c if x][i] if c else i\n"
 
@@ -87,30 +97,37 @@ def build_root(root, job):
     os.chdir("/")
 
 
-def drop_privileges(job):
-    """In the child, before the program: limits, no new privileges, the sample's uid, no inherited fds."""
-    os.closerange(3, job["keep_fd"])
-    os.closerange(job["keep_fd"] + 1, 65536)
+def drop_privileges(job, keep):
+    """In the server, before the program: limits, no new privileges, the sample's uid, the seccomp filter,
+    no inherited descriptor but ``keep``."""
+    lo = 3
+    for fd in sorted(keep) + [65536]:
+        os.closerange(lo, fd)
+        lo = fd + 1
     fd = os.open("/dev/null", os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
     if job["mode"] == "rlimits":
-        os.setpgid(0, 0)  # no pid namespace: the runner kills the call's process group afterwards
-    cpu, mem, fsize, nproc = job["cpu_s"], job["memory_bytes"], job["fsize_bytes"], job["nproc"]
+        os.setpgid(0, 0)  # no pid namespace: the runner kills the server's process group afterwards
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # setuid binaries give nothing
     uid = job["uid"]
     if uid >= 0 and os.getuid() == 0:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    cpu = job["cpu_s"]
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # per process: each call's copy starts at zero
+    if job["rlimit_as"]:  # only without a memory cgroup: then the sole bound, per process
+        resource.setrlimit(resource.RLIMIT_AS, (job["rlimit_as"], job["rlimit_as"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize_bytes"], job["fsize_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (job["nofile"], job["nofile"]))
     try:
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"], job["nproc"]))
     except (ValueError, OSError):
         pass
+    if job["seccomp"]:
+        install_seccomp_bpf(job["seccomp"])  # noqa: F821 (defined by sandbox_seccomp.py, prepended)
     os.chdir("/tmp" if job["mode"] == "full" else job["workdir"])
 
 
@@ -120,45 +137,74 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
-def child(job, call, wfd):
-    """The untrusted side of one call: never returns."""
+def _exit_code(e):
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def server(job, cg, ctl):
+    """The untrusted side of the sample: never returns. Runs the top level once, then serves calls."""
     try:
-        job["keep_fd"] = wfd
-        drop_privileges(job)
+        for fd in cg["procs"]:
+            os.write(fd, b"0")  # join the sample's cgroup (as root, before the uid drops)
+        drop_privileges(job, [ctl.fileno()])
         try:
             code = compile(job["source"], "<program>", "exec")
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
             os._exit(EXIT_SYNTAX)
+        sock = ctl
+        sock.send(b"C")  # compiled: sent before any program code runs
         scope = {"__name__": "__main__"}
+        calls, entry_point = job["calls"], job["entry_point"]
         try:
             exec(code, scope)
-        except MemoryError:
-            os._exit(EXIT_MEMORY)
         except SystemExit as e:
             _flush()
-            os._exit(e.code if isinstance(e.code, int) else (0 if e.code is None else 1))
+            os._exit(_exit_code(e))
         except BaseException:
             import traceback
 
             traceback.print_exc(limit=3)
             _flush()
             os._exit(EXIT_EXCEPTION)
-        if call is None:  # program-only mode
-            _flush()
+        _flush()
+        if calls is None:  # program-only mode
             os._exit(0)
-        os.write(wfd, b"I")  # the program ran: from here on a missing result is the call's
+        sock.send(b"R")
+        while True:
+            msg, fds, _, _ = sock.recvmsg(4, 64)
+            if not msg:
+                os._exit(0)
+            wfd = int.from_bytes(fds[0][2][:4], sys.byteorder, signed=True)
+            i = int.from_bytes(msg, "little")
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                call(scope.get(entry_point), calls[i], wfd)
+            os.close(wfd)
+            _, status = os.waitpid(pid, 0)
+            sock.send(b"D" + i.to_bytes(4, "little") + status.to_bytes(4, "little"))
+    except SystemExit as e:
+        _flush()
+        os._exit(_exit_code(e))
+    except BaseException:
+        os._exit(EXIT_SETUP)
+
+
+def call(fn, args, wfd):
+    """One test call in a fresh copy of the server: never returns."""
+    try:
         try:
-            data = '{"value": ' + to_json(scope.get(job["entry_point"])(*call)) + "}"
+            data = '{"value": ' + to_json(fn(*args)) + "}"
+        except (SystemExit, KeyboardInterrupt):
+            raise
         except BaseException as e:
-            if isinstance(e, (SystemExit, KeyboardInterrupt)):
-                raise
-            data = '{"error": ' + to_json(type(e).__name__) + "}"
+            data = '{"error": ' + to_json(type(e).__name__[:100]) + "}"
         _flush()
         write_all(wfd, data.encode())
         os._exit(0)
     except SystemExit as e:
         _flush()
-        os._exit(e.code if isinstance(e.code, int) else 1)
+        os._exit(_exit_code(e))
     except BaseException:
         os._exit(EXIT_EXCEPTION)
 
@@ -168,8 +214,9 @@ def _not_serializable(o):
 
 
 def to_json(value):
-    """``json.dumps(value)`` exactly (the encoder json.dumps itself uses), without importing json."""
-    encode = _json.make_encoder({}, _not_serializable, _json.encode_basestring_ascii, None, ": ", ", ", False,
+    """``json.dumps(value, sort_keys=True)`` exactly (the encoder json.dumps itself uses), without importing
+    json. Sorted keys make equal values encode to equal bytes: the harness compares bytes first."""
+    encode = _json.make_encoder({}, _not_serializable, _json.encode_basestring_ascii, None, ": ", ", ", True,
                                 False, True)  # fmt: skip
     return "".join(encode(value, 0))
 
@@ -182,13 +229,54 @@ def _flush():
             pass
 
 
-def kill_rest(job, pid):
-    """Kill every process of the sample but this one and reap them (pid namespace: all of them)."""
-    if job["mode"] == "rlimits":
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"X"
+
+
+def reap(srv):
+    """Reap every exited child without blocking; record the server's status if it is among them."""
+    while True:
         try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+        if srv is not None and pid == srv["pid"]:
+            srv["status"] = status
+
+
+def kill_others(srv):
+    """Mode full: kill every process of the sample but the server (this runner is PID 1: /proc is the
+    sample's); False if they keep appearing (then the caller kills the server too)."""
+    for _ in range(200):
+        victims = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in (1, srv["pid"])]
+        victims = [p for p in victims if _state(p) not in (b"Z", b"X")]
+        reap(srv)
+        if not victims:
+            return True
+        for p in victims:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+    return False
+
+
+def kill_all(job, srv):
+    """Kill every process of the sample and reap them (pid namespace: all of them)."""
+    if job["mode"] == "rlimits":
+        if srv is not None:
+            try:
+                os.killpg(srv["pid"], signal.SIGKILL)
+            except OSError:
+                pass
     else:
         try:
             os.kill(-1, signal.SIGKILL)  # as PID 1 of the namespace: everyone else in it
@@ -196,46 +284,131 @@ def kill_rest(job, pid):
             pass
     while True:
         try:
-            os.waitpid(-1, 0)
+            pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
-            return
+            break
         except InterruptedError:
             continue
+        if srv is not None and pid == srv["pid"]:
+            srv["status"] = status
+    if srv is not None:
+        srv["sock"].close()
+        os.close(srv["pidfd"])
 
 
-def run_call(job, call, deadline):
-    """Fork one child for ``call``; return (header dict, payload bytes)."""
-    rfd, wfd = os.pipe()
+def oom_kills(cg):
+    """The times the sample hit its memory limit so far (OOM kills + refused charges; 0 without a cgroup)."""
+    total = 0
+    for fd, key in cg["counters"]:
+        try:
+            text = os.pread(fd, 4096, 0).decode()
+        except OSError:
+            continue
+        if not key:
+            total += int(text.strip() or 0)
+            continue
+        for line in text.splitlines():
+            k, _, value = line.partition(" ")
+            if k == key:
+                total += int(value)
+    return total
+
+
+def exit_info(status):
+    return {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"code": os.WEXITSTATUS(status)}
+
+
+def start_server(job, cg):
+    """Fork the server and wait until its top level ran: (server, None), or (None, failure header)."""
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    before = oom_kills(cg)
+    deadline = time.monotonic() + job["import_wall_s"]
     pid = os.fork()
     if pid == 0:
-        os.close(rfd)
-        child(job, call, wfd)
+        ours.close()
+        server(job, cg, theirs)
+    theirs.close()
+    srv = {"pid": pid, "sock": ours, "pidfd": os.pidfd_open(pid), "status": None, "inbox": bytearray()}
+    compiled, ready = False, False
+    poller = select.poll()
+    poller.register(ours.fileno(), select.POLLIN)
+    poller.register(srv["pidfd"], select.POLLIN)
+    while not ready:
+        left = deadline - time.monotonic()
+        events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
+        if not events:
+            kill_all(job, srv)
+            return None, {"kind": "timeout", "oom": int(oom_kills(cg) > before)}
+        for fd, _ in events:
+            if fd == srv["pidfd"]:
+                _, status = os.waitpid(pid, 0)
+                srv["status"] = status
+                kill_all(job, srv)
+                kind = "main" if job["calls"] is None else "import"
+                return None, {"kind": kind, "compiled": int(compiled), "oom": int(oom_kills(cg) > before),
+                              **exit_info(status)}  # fmt: skip
+            msg = _recv(srv)
+            if msg is None:
+                poller.unregister(ours.fileno())
+            elif not compiled:
+                compiled = msg == b"C"  # the first message, sent before the program ran: trusted
+            else:
+                ready = msg == b"R"
+    if job["mode"] == "full" and not kill_others(srv):  # processes the top level started do not persist
+        kill_all(job, srv)
+        return None, {"kind": "import", "compiled": 1, "oom": int(oom_kills(cg) > before), "code": EXIT_EXCEPTION}
+    return srv, None
+
+
+def _recv(srv):
+    try:
+        return srv["sock"].recv(64) or None
+    except OSError:
+        return None
+
+
+def run_call(job, cg, srv, i):
+    """Have the server run call ``i``; return (header, payload, server or None if it is gone)."""
+    rfd, wfd = os.pipe()
+    before = oom_kills(cg)
+    deadline = time.monotonic() + job["wall_s"]
+    try:
+        srv["sock"].sendmsg(
+            [i.to_bytes(4, "little")],
+            [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, wfd.to_bytes(4, sys.byteorder, signed=True))],
+        )
+    except OSError:
+        pass  # the server is gone or stopped listening: the call gets no result
     os.close(wfd)
-    pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(rfd, select.POLLIN)
-    poller.register(pidfd, select.POLLIN)
-    buf, cap, status, timed_out = bytearray(), job["max_result_bytes"] + 1, None, False
-    while status is None:
+    poller.register(srv["sock"].fileno(), select.POLLIN)
+    poller.register(srv["pidfd"], select.POLLIN)
+    buf, cap = bytearray(), job["max_result_bytes"] + 1
+    done, eof, timed_out, server_gone = None, False, False, False
+    while done is None and not server_gone and not (eof and buf):
         left = deadline - time.monotonic()
         events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
         if not events:
             timed_out = True
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
             break
         for fd, _ in events:
             if fd == rfd:
                 chunk = os.read(rfd, 65536)
                 buf += chunk
                 if not chunk or len(buf) > cap:
-                    poller.unregister(rfd)  # the end, or too much: read no further
-                if len(buf) > cap:
-                    os.kill(pid, signal.SIGKILL)
-            elif fd == pidfd:
-                _, status = os.waitpid(pid, 0)
+                    eof = True
+                    poller.unregister(rfd)
+            elif fd == srv["pidfd"]:
+                server_gone = True
+            else:
+                msg = _recv(srv)
+                if msg is None:
+                    poller.unregister(srv["sock"].fileno())
+                elif len(msg) == 9 and msg[:1] == b"D" and int.from_bytes(msg[1:5], "little") == i:
+                    done = int.from_bytes(msg[5:9], "little")  # the call's status, as the server reports it
     os.set_blocking(rfd, False)
-    while len(buf) <= cap:  # what the child wrote before it exited; descendants may hold the pipe open
+    while len(buf) <= cap:  # what the call wrote before it ended; descendants may hold the pipe open
         try:
             chunk = os.read(rfd, 65536)
         except BlockingIOError:
@@ -243,26 +416,20 @@ def run_call(job, call, deadline):
         if not chunk:
             break
         buf += chunk
-    kill_rest(job, pid)
     os.close(rfd)
-    os.close(pidfd)
-    return classify(call, status, bytes(buf), timed_out, cap)
-
-
-def classify(call, status, buf, timed_out, cap):
-    exit_info = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"code": os.WEXITSTATUS(status)}
-    sig = exit_info.get("signal")
-    if timed_out or sig == signal.SIGXCPU:
-        return {"kind": "timeout", **exit_info}, b""
+    if timed_out or server_gone or len(buf) > cap or job["mode"] != "full" or not kill_others(srv):
+        kill_all(job, srv)
+        if server_gone and done is None and srv["status"] is not None:
+            done = srv["status"]
+        srv = None
+    oom = int(oom_kills(cg) > before)
+    if timed_out:
+        return {"kind": "timeout", "oom": oom}, b"", srv
     if len(buf) > cap:
-        return {"kind": "too_large"}, b""
-    if call is None:
-        return {"kind": "main", **exit_info}, b""
-    if not buf.startswith(b"I"):
-        return {"kind": "import", **exit_info}, b""
-    if len(buf) == 1:
-        return {"kind": "died", **exit_info}, b""
-    return {"kind": "result"}, buf[1:]
+        return {"kind": "too_large", "oom": oom}, b"", srv
+    if buf:
+        return {"kind": "result", "oom": oom}, bytes(buf), srv
+    return {"kind": "died", "oom": oom, **(exit_info(done) if done is not None else {"code": EXIT_EXCEPTION})}, b"", srv
 
 
 def report(i, header, payload):
@@ -270,25 +437,41 @@ def report(i, header, payload):
     write_all(RESULT_FD, to_json(header).encode() + b"\n" + payload)
 
 
+def open_cgroup(job):
+    """The sample's cgroup files, opened while the host's filesystem is still visible."""
+    spec = job["cgroup"]
+    if not spec:
+        return {"procs": [], "counters": []}
+    return {"procs": [os.open(p, os.O_WRONLY) for p in spec["procs"]],
+            "counters": [(os.open(p, os.O_RDONLY), key) for p, key in spec["counters"]]}  # fmt: skip
+
+
 def main():
     global RESULT_FD
-    t0 = time.monotonic()
     job_fd, RESULT_FD = int(sys.argv[1]), int(sys.argv[2])
     with os.fdopen(job_fd, "rb") as f:
         job = marshal.loads(f.read())  # written by the harness (trusted), like this runner's source
-    deadline = t0 + job["wall_s"]
+    cg = open_cgroup(job)
     if job["mode"] == "full":
         build_root(job["workdir"], job)
-    calls = job["calls"]
     # The first compile() of a process builds the compiler's state (~3 ms CPU): done once here, inherited by
-    # every call's child. (The program itself is compiled only in the children: it is untrusted input.)
+    # the server. (The program itself is compiled only in the server: it is untrusted input.)
     compile(_WARM_UP, "<warm-up>", "exec")
     to_json([1, 2.5, "x", {"k": None}])
-    for i, call in enumerate([None] if calls is None else calls):
-        header, payload = run_call(job, call, deadline)
+    calls = job["calls"]
+    srv = None
+    for i in range(1 if calls is None else len(calls)):
+        if srv is None:
+            srv, header = start_server(job, cg)
+            if header is not None:
+                report(i, header, b"")
+                break
+        header, payload, srv = run_call(job, cg, srv, i)
         report(i, header, payload)
-        if header["kind"] in ("timeout", "import"):
-            break  # the program cannot reach the next call either (or the sample's time is up)
+        if header["kind"] == "timeout":
+            break  # the sample's time for this call is up: the next calls are not run
+    if srv is not None:
+        kill_all(job, srv)
     os.close(RESULT_FD)
 
 
