@@ -28,6 +28,7 @@ import pandas as pd
 from prorl_bench.registry import ConfigError
 from prorl_bench.sweeps import stats
 from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES, METRICS
+from prorl_bench.sweeps.seed_plan import seed_plan, seed_plan_markdown
 from prorl_bench.sweeps.study import REQUIRED_BLOCKS, Endpoint, StudyConfig, study_from_dict
 from prorl_bench.sweeps.sweepdir import (
     RunRecord,
@@ -925,8 +926,12 @@ def aggregate(
         sweep, runs, groups, threshold, window, columns=PRINTED + routed, comparisons=comparisons,
         baseline=baseline, notes=notes, compared=compared, study=study, baseline_source=source,
     )  # fmt: skip
+    plan = seed_plan(comparisons)  # seeds the next block needs per primary cell (empty without a study)
+    md += seed_plan_markdown(plan)
     out = Path(out_dir) if out_dir else sweep.sweep_dir / OUT_SUBDIR
     out.mkdir(parents=True, exist_ok=True)
+    if not plan.empty:
+        plan.to_csv(out / "seed_plan.csv", index=False)
     runs.to_csv(out / "runs.csv", index=False)
     groups.to_csv(out / "groups.csv", index=False)
     comparisons.to_csv(out / "comparisons.csv", index=False)
