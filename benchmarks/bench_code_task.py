@@ -2,9 +2,11 @@
 
     PYTHONPATH=. python benchmarks/bench_code_task.py [--n 64] [--workers 8] [--repeats 3] [--compare REV]
 
-Reports programs/s (median of the repeats) and the CPU time of the sandbox processes per program (a
-figure that a loaded machine changes less than the rate) for correct programs and for programs that loop until the
-timeout (1 s here), and the isolation level in force. ``--compare REV`` also loads ``sandbox.py`` and
+Reports programs/s (median of the repeats), the CPU time of the sandbox processes per program (a figure
+that a loaded machine changes less than the rate) and the growth of this process's peak RSS while scoring,
+for correct programs, correct programs after 0.1 s of top-level work, programs that loop until the timeout
+(1 s here) and programs whose every call returns ~1 MB of JSON; and the isolation level in force.
+``--compare REV`` also loads ``sandbox.py`` and
 ``code_task.py`` as they were at git revision REV and measures both, interleaved (old, new, old, new, ...)
 so that a machine whose load changes during the run affects both alike; it prints the ratio new/old.
 """
@@ -12,6 +14,7 @@ so that a machine whose load changes during the run affects both alike; it print
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import resource
 import statistics
@@ -41,6 +44,10 @@ def old_task_class(rev: str) -> type:
         raise FileNotFoundError(f"{path} not found at {rev}")
 
     (tmp / "old_sandbox.py").write_text(show("sandbox.py"))
+    try:  # the runner beside it (read by the old sandbox from its own directory), where REV had one
+        (tmp / "sandbox_runner.py").write_text(show("sandbox_runner.py"))
+    except FileNotFoundError:
+        pass
     code = show("code_task.py")
     for old_import in ("from prorl_bench.tasks.sandbox import", "from prorl_bench.sandbox import"):
         code = code.replace(old_import, "from old_sandbox import")
@@ -52,6 +59,20 @@ def old_task_class(rev: str) -> type:
     spec.loader.exec_module(module)
     module.DATA_DIR = ROOT / "prorl_bench" / "data" / "code"  # the problems as shipped now
     return module.CodeTask
+
+
+def _peak_rss_growth(fn) -> tuple[object, float]:
+    """(fn(), growth of this process's peak RSS in MiB while fn ran), via clear_refs' peak reset."""
+
+    def read(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before = read("VmRSS:")
+    out = fn()
+    return out, (read("VmHWM:") - before) / 2**20
 
 
 def _children_cpu() -> float:
@@ -75,23 +96,32 @@ def main() -> None:
     problems = (train * (args.n // len(train) + 1))[: args.n]
     kinds = {
         "correct": [f"```python\n{p.solution}\n```" for p in problems],
+        # correct, after 0.1 s of top-level work (a slow import): paid once per sample, or once per test
+        "slow_top": [f"```python\nimport time\ntime.sleep(0.1)\n{p.solution}\n```" for p in problems],
         "timeout": ["```python\nwhile True:\n    pass\n```"] * args.n,
+        # every call returns ~1 MB of JSON (wrong answers): the scorer's memory
+        "huge": ["```python\ndef f(*a):\n    return [[]] * 260000\n```"] * min(args.n, 8),  # 8: the old kept all
     }
+    huge_problems = [dataclasses.replace(p, entry_point="f") for p in problems]
     print(f"isolation: {isolation_level()}, {args.n} programs, {args.workers} workers")
     for kind, completions in kinds.items():
         rates: dict[str, list[float]] = {name: [] for name in tasks}
         cpu: dict[str, list[float]] = {name: [] for name in tasks}
+        rss: dict[str, list[float]] = {name: [] for name in tasks}
+        probs = huge_problems[: len(completions)] if kind == "huge" else problems
         for _ in range(args.repeats):
             for name, task in tasks.items():  # interleaved: load changes hit every version alike
                 c0, t0 = _children_cpu(), time.perf_counter()
-                rewards, _, _ = task.score_many(completions, problems)
-                rates[name].append(args.n / (time.perf_counter() - t0))
-                cpu[name].append((_children_cpu() - c0) / args.n * 1e3)
-                if kind == "correct":
+                (rewards, _, _), grew = _peak_rss_growth(lambda t=task, c=completions, p=probs: t.score_many(c, p))
+                rates[name].append(len(completions) / (time.perf_counter() - t0))
+                cpu[name].append((_children_cpu() - c0) / len(completions) * 1e3)
+                rss[name].append(grew)
+                if kind in ("correct", "slow_top"):
                     assert rewards == [1.0] * args.n, f"{name}: a reference solution failed"
         for name, r in rates.items():
             print(f"{kind:8s} {name:16s} {statistics.median(r):6.1f} programs/s (median of {args.repeats}), "
-                  f"{statistics.median(cpu[name]):5.1f} ms CPU per program")  # fmt: skip
+                  f"{statistics.median(cpu[name]):5.1f} ms CPU per program, scorer peak-RSS growth "
+                  f"{statistics.median(rss[name]):6.1f} MiB")  # fmt: skip
         if len(rates) == 2:
             old, new = (statistics.median(r) for r in rates.values())
             print(f"{kind:8s} new/old throughput ratio {new / old:.2f}")

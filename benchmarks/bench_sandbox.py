@@ -31,6 +31,7 @@ def attacks() -> None:
     from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
     from prorl_bench.tasks.code_task import CodeTask
     from tests.test_sandbox_hostile import FORGE, GCD, READ_DATASET, UID, _peak_rss_growth, fenced, sample_processes
+    from tests.test_sandbox_v3 import EIGHT_PROCESSES, HOG, MEMFDS_HELD, MEMFDS_MAPPED
 
     task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, code=CodeTaskConfig(timeout_s=2.0, workers=1)))
     task.limits = SandboxLimits(wall_s=2.0, cpu_s=2, memory_bytes=256 * 2**20, uid=UID)
@@ -50,6 +51,11 @@ def attacks() -> None:
             "def gcd(a, b):\n    while True:\n        try:\n            os.fork()\n        except OSError:\n"
             "            time.sleep(0.01)\n"
         ),
+        "1,100 memfds of 1 MiB, held by descriptors": MEMFDS_HELD,
+        "1,100 memfds of 1 MiB, held by mappings": MEMFDS_MAPPED,
+        "8 processes x 180 MiB (limit 256 MiB)": EIGHT_PROCESSES,
+        "1 MB of JSON per call": "def gcd(a, b):\n    return [[]] * 260000",
+        "120 busy processes, each after setsid()": HOG,
     }
     print(f"isolation: {isolation().level}")
     print("| program | reward | class | wall s | scorer peak-RSS growth MiB | sample processes left |")

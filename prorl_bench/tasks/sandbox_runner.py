@@ -468,8 +468,8 @@ def main():
                 break
         header, payload, srv = run_call(job, cg, srv, i)
         report(i, header, payload)
-        if header["kind"] == "timeout":
-            break  # the sample's time for this call is up: the next calls are not run
+        if header["kind"] == "timeout" or header["oom"]:
+            break  # the call's time is up, or the sample hit its memory limit: the next calls are not run
     if srv is not None:
         kill_all(job, srv)
     os.close(RESULT_FD)
