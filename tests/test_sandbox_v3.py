@@ -8,6 +8,7 @@ and cpu controllers, libseccomp): skipped with the reason otherwise.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -15,8 +16,10 @@ import uuid
 import pytest
 
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
+from prorl_bench.run.evaluation import score_details
 from prorl_bench.tasks.code_task import CodeProblem, CodeTask
 from prorl_bench.tasks.sandbox import SandboxLimits, isolation, run_program
+from prorl_bench.tasks.sandbox_uids import UIDS
 
 ISO = isolation()
 pytestmark = pytest.mark.skipif(
@@ -62,9 +65,18 @@ def test_an_overflowing_answer_fails_its_sample_only(task):
         fenced("def mean(xs):\n    return float('inf')"),
         fenced("def mean(xs):\n    return 10**5000"),  # past int<->str's digit limit: unrepresentable in JSON
     ]
-    rewards, success, infos = task.score_many([good, *bad, good], [mean] * (len(bad) + 2))
+    rewards, success, infos = score_details(task, [good, *bad, good], [mean] * (len(bad) + 2))  # the trainer's call
     assert rewards == [1.0] + [0.0] * len(bad) + [1.0]
     assert [i["fail"] for i in infos] == ["ok", "wrong_answer", "wrong_answer", "wrong_answer", "exception", "ok"]
+
+
+def test_a_scorer_failure_is_its_sample_class_only(task):
+    """Whatever fails inside the scorer for one sample (here: an expected value no JSON can hold, so the
+    comparison cannot be built) is that sample's ``scorer_error``; the batch is scored."""
+    gcd = problem(task, "gcd")
+    broken = own_problem([float("nan")])
+    rewards, _, infos = task.score_many([fenced(GCD), fenced("def f():\n    return 1.0")], [gcd, broken])
+    assert rewards == [1.0, 0.0] and [i["fail"] for i in infos] == ["ok", "scorer_error"]
 
 
 # -- 2. memory is bounded per sample, not per process
@@ -227,6 +239,38 @@ def test_a_kernel_key_left_by_a_sample_is_invisible_to_a_later_run():
     desc = f"prorl_v3_{uuid.uuid4().hex}"
     _run_in_new_process(KEYS, "add:" + desc)
     assert _run_in_new_process(KEYS, desc) == {"value": -1}  # not found (or keyctl refused)
+
+
+def test_a_forked_scorer_never_reuses_its_parents_uids():
+    """A process forked after its parent reserved a block (e.g. a worker pool) reserves its own."""
+    first = UIDS.take(200000)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, str(UIDS.take(200000)).encode())
+        os._exit(0)
+    os.close(w)
+    child = int(os.read(r, 64))
+    os.waitpid(pid, 0)
+    assert child not in {first, UIDS.take(200000)} and all(child not in b for b in UIDS.reserved())
+
+
+SYSV = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def f(key, create):
+    return libc.shmget(key, 4096, (0o1000 | 0o600) if create else 0o600)  # IPC_CREAT
+"""
+
+
+def test_sysv_ipc_left_by_a_sample_is_gone():
+    key = 0x5EED0000 + os.getpid() % 0xFFFF
+    lim = SandboxLimits(wall_s=10)
+    assert run_program(SYSV, lim, [[key, True]], "f").calls[0]["value"] >= 0  # made in the sample
+    assert run_program(SYSV, lim, [[key, False]], "f").calls == ({"value": -1},)  # not in the next one
+    import ctypes
+
+    assert ctypes.CDLL(None).shmget(key, 4096, 0o600) == -1  # nor on the host
 
 
 # -- 6. the capabilities and socket families the design says are gone

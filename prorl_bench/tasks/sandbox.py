@@ -221,14 +221,23 @@ class Layers:
     missing: tuple
 
 
-@lru_cache(maxsize=1)
+_PROBE_LOCK = threading.Lock()  # the first callers of layers() / isolation() may be several threads at once
+_ISOLATION_LOCK = threading.Lock()
+
+
 def layers() -> Layers:
     """Probed once per process: a test group is made and removed; the filter is built."""
+    with _PROBE_LOCK:
+        return _layers()
+
+
+@lru_cache(maxsize=1)
+def _layers() -> Layers:
     missing = []
     layout, why = find_layout() if os.getuid() == 0 else (None, "needs root")
     if layout is not None:
         try:
-            probe = SampleCgroup(layout, "probe")
+            probe = SampleCgroup(layout, f"probe{threading.get_ident()}")
             probe.create(64 * 2**20, 8)
             probe.destroy()
         except OSError as e:
@@ -554,10 +563,15 @@ def run_many(
 _PROBE = "import os\ndef probe(x):\n    return [x, os.getuid() != 0, sorted(os.listdir('/tmp'))]\n"
 
 
-@lru_cache(maxsize=1)
 def isolation() -> Isolation:
     """The strongest level that works here, found by running a real one-call sample at each level (with the
-    layers this machine gives: ``Isolation.missing`` names the others)."""
+    layers this machine gives: ``Isolation.missing`` names the others). Probed once per process."""
+    with _ISOLATION_LOCK:
+        return _isolation()
+
+
+@lru_cache(maxsize=1)
+def _isolation() -> Isolation:
     missing = layers().missing
     reasons = []
     for level in LEVELS[:-1]:

@@ -60,9 +60,12 @@ class UidPool:
         self._lock = threading.Lock()
         self._blocks: list[range] = []
         self._left: list[int] = []
+        self._pid = os.getpid()
 
     def take(self, first: int) -> int:
         with self._lock:
+            if self._pid != os.getpid():  # a forked copy of the pool: its block belongs to the parent
+                self._pid, self._left = os.getpid(), []
             if not self._left or self._left[-1] < first:
                 block = reserve_block(first)
                 self._blocks.append(block)
