@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from prorl_bench.sweeps import aggregate as agg
-from prorl_bench.sweeps import callback
+from prorl_bench.sweeps import callback, stats
 from prorl_bench.sweeps.sweepdir import SweepDirError, load_sweep
 
 from .sweep_factory import metric_rows, write_multirun_yaml, write_run
@@ -232,7 +232,7 @@ def test_paired_difference_finds_what_an_unpaired_interval_hides(tmp_path):
     assert c["diff"] == pytest.approx(0.01) and c["lo"] == pytest.approx(0.01) and c["hi"] == pytest.approx(0.01)
     assert c["p"] == pytest.approx(2 / 64)
     assert "vs baseline `A1`" in res.markdown and "(n=6, descriptive)" in res.markdown
-    welch = agg.stats.welch_comparison([x + 0.01 for x in seed_level], seed_level)
+    welch = stats.welch_comparison([x + 0.01 for x in seed_level], seed_level)
     assert welch.p > 0.9  # the same data, unpaired
 
 
@@ -502,7 +502,7 @@ def test_no_after_resets_table_without_events():
     """Groups without a completed run have NaN event counts: no "After resets" table of dashes."""
     import pandas as pd
 
-    from prorl_bench.sweeps.aggregate import event_markdown
+    from prorl_bench.sweeps.markdown import event_markdown
 
     nan = float("nan")
     groups = pd.DataFrame([{"group": "A1", "n_resets_mean": 0.0, "n_growths_mean": 0.0},

@@ -161,7 +161,7 @@ def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path,
     from prorl_bench.cli.app import failed_summary
     from prorl_bench.run.guards import NonFiniteError
     from prorl_bench.run.outputs import write_summary
-    from prorl_bench.sweeps.aggregate import run_table
+    from prorl_bench.sweeps.grouping import run_table
     from prorl_bench.sweeps.sweepdir import load_sweep
 
     sweep = tmp_path / "sweep"
