@@ -210,3 +210,27 @@ def test_a_missing_layer_is_named_and_refused_unless_accepted(monkeypatch, capsy
 
 def test_taskconfig_default_keeps_other_tasks_untouched():
     assert TaskConfig().code.path is None  # the field exists for every task; only task=code reads it
+
+
+def test_layers_report_what_the_machine_lacks(monkeypatch):
+    """The probe itself: with no cgroup hierarchy and no libseccomp, both layers are reported missing with
+    the reason, and the task built on that probe refuses (the refusal is tested above)."""
+    import prorl_bench.tasks.sandbox as sandbox
+    import prorl_bench.tasks.sandbox_cgroup as sandbox_cgroup
+
+    monkeypatch.setattr(sandbox_cgroup, "_mounts", lambda: [])
+    assert sandbox_cgroup.find_layout() == (None, "no cgroup2 mount; cgroup v1: no memory hierarchy")
+
+    def no_libseccomp():
+        raise OSError("libseccomp.so.2: cannot open shared object file")
+
+    monkeypatch.setattr(sandbox, "find_layout", sandbox_cgroup.find_layout)
+    monkeypatch.setattr(sandbox, "export_seccomp_bpf", no_libseccomp)
+    sandbox._layers.cache_clear()
+    try:
+        lay = sandbox._layers()
+    finally:
+        sandbox._layers.cache_clear()
+    assert lay.cgroup is None and lay.seccomp == b""
+    missing = " | ".join(lay.missing)
+    assert "cgroup: " in missing and "seccomp: libseccomp.so.2" in missing and "apt-get install libseccomp2" in missing
