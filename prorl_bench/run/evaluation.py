@@ -14,6 +14,10 @@
 * ``val/success_greedy``: greedy decoding;
 * ``val/by_difficulty/<label>/success`` and ``.../pass@{k_max}``: the same per difficulty label the
   task gives each problem (input length for the digit tasks, the generator for reasoning-gym).
+* ``val/coverage@{k_max}/both``, ``.../base_only`` (shrinkage), ``.../trained_only`` (expansion),
+  ``.../neither``: the per-prompt classes of "The Invisible Leash" against the base evaluation
+  (``passk.coverage_classes``: expected fractions of prompts, summing to 1), at k = max(``ks``); only
+  when the base's per-prompt correct counts are given (every evaluation after a step-0 base one).
 
 and returns the ``samples.jsonl`` rows (prompt, target, difficulty, every sample with its reward and
 success, the greedy completion) so a person can read what changed. How many prompts: ``prompts_to_write``
@@ -37,7 +41,7 @@ import torch
 
 from prorl_bench.models.rollout import Rollout, generate, token_logprobs
 from prorl_bench.models.tokenizers import CharTokenizer
-from prorl_bench.run.passk import distinct_per_prompt, mean_pass_at_k
+from prorl_bench.run.passk import coverage_classes, distinct_per_prompt, mean_pass_at_k
 from prorl_bench.tasks.base import Problem, Task
 
 
@@ -45,6 +49,12 @@ def prompts_to_write(step: int, final_step: int, n_prompts: int, n_sample_prompt
     """How many held-out prompts ``samples.jsonl`` keeps at ``step``: all of them at the base (step 0)
     and at the final step (pass@k auditable from the file), ``n_sample_prompts`` otherwise."""
     return n_prompts if step in (0, final_step) else min(n_sample_prompts, n_prompts)
+
+
+def correct_counts(samples: Sequence[dict[str, Any]]) -> list[int]:
+    """Correct samples per prompt of ``validate``'s sample rows (all prompts at the base evaluation):
+    what a later evaluation needs to place each prompt in its coverage class."""
+    return [sum(bool(x["success"]) for x in row["samples"]) for row in samples]
 
 
 def completions(tok: CharTokenizer, batch: Rollout) -> list[str]:
@@ -117,10 +127,12 @@ def validate(
     n_sample_prompts: int,
     chunk: int,
     on_progress: Callable[[int, int], None] | None = None,
+    base_correct: Sequence[int] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Validation row (keys above) and the readable sample rows. ``chunk``: sequences per generate call.
     ``on_progress(done, total)``: called after each generate call, in sequences generated (the
-    samples, then one greedy sequence per prompt)."""
+    samples, then one greedy sequence per prompt). ``base_correct``: the base evaluation's correct
+    samples per prompt (``correct_counts``, same prompts, ``n_samples`` each): adds the coverage classes."""
     was_training = policy.training
     policy.eval()
     n = n_samples
@@ -163,6 +175,10 @@ def validate(
     for k in ks:
         row[f"val/pass@{k}"] = mean_pass_at_k(by_prompt, k)
     k_max = max(ks)
+    if base_correct is not None:
+        counts = [sum(map(bool, b)) for b in by_prompt]
+        for name, frac in coverage_classes(base_correct, n, counts, n, k_max).items():
+            row[f"val/coverage@{k_max}/{name}"] = frac
     groups: dict[str, list[int]] = defaultdict(list)
     for i, p in enumerate(problems):
         groups[p.difficulty or "all"].append(i)

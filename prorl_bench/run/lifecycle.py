@@ -52,6 +52,7 @@ class RunState:
     shuffle_gen: torch.Generator  # minibatch permutation
     history: list[dict[str, Any]] = field(default_factory=list)  # one metrics row per step
     val_rows: list[dict[str, Any]] = field(default_factory=list)  # one row per evaluation
+    base_correct: list[int] | None = None  # correct samples per held-out prompt at the base evaluation (coverage)
     wall_before: float = 0.0  # seconds spent in earlier segments of this run
     start: int = 1
 
@@ -71,6 +72,7 @@ class RunState:
             "rng": rng_state(self.rng, self.sample_gen, self.shuffle_gen),
             "history": self.history,
             "val_rows": self.val_rows,
+            "base_correct": self.base_correct,
             "skipped": self.guard.skipped,
             "wall_time_s": wall,
         }
@@ -93,6 +95,7 @@ class RunState:
             self.growth.load_state_dict(ckpt["growth"])
         restore_rng(ckpt["rng"], self.rng, self.sample_gen, self.shuffle_gen)
         self.history, self.val_rows, self.guard.skipped = ckpt["history"], ckpt["val_rows"], ckpt["skipped"]
+        self.base_correct = ckpt.get("base_correct")  # older checkpoints: no coverage classes after resume
         self.wall_before = ckpt.get("wall_time_s", 0.0)
         self.start = ckpt["step"] + 1
 

@@ -55,7 +55,7 @@ from prorl_bench.run.checkpoint import (
     save_checkpoint,
     truncate_logs,
 )
-from prorl_bench.run.evaluation import completions, prompts_to_write, score_details, validate
+from prorl_bench.run.evaluation import completions, correct_counts, prompts_to_write, score_details, validate
 from prorl_bench.run.guards import NonFiniteGuard
 from prorl_bench.run.lifecycle import RunSession, RunState
 from prorl_bench.run.outputs import RESOLVED_CONFIG, atomic_write_text
@@ -580,7 +580,10 @@ def _validate(ctx: RunContext, s: RunState, out: Any, step: int, on_progress=Non
         n_sample_prompts=prompts_to_write(step, cfg.steps, len(ctx.val_problems), e.n_sample_prompts),
         chunk=e.batch,
         on_progress=on_progress,
+        base_correct=s.base_correct if step > 0 else None,  # coverage classes against the base
     )
+    if step == 0 and len(samples) == len(ctx.val_problems):  # the base evaluation writes every prompt
+        s.base_correct = correct_counts(samples)
     if wants_route_eval(ctx.task, cfg.adapter.kind.value):
         rgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step + 500_000)
         v.update(

@@ -38,7 +38,7 @@ from prorl_bench.sweeps.grouping import (
 )
 from prorl_bench.sweeps.markdown import PRINTED, Report, markdown_report
 from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRICS
-from prorl_bench.sweeps.run_figures import ROUTE_METRICS
+from prorl_bench.sweeps.run_figures import COVERAGE_METRICS, ROUTE_METRICS
 from prorl_bench.sweeps.seed_plan import seed_plan, seed_plan_markdown
 from prorl_bench.sweeps.study import StudyConfig
 from prorl_bench.sweeps.sweepdir import Sweep, SweepDirError
@@ -87,7 +87,7 @@ def aggregate(
             base_dirs = set(runs.loc[(runs["block"] == block) & (runs["group"] == baseline), "run_dir"])
             base_runs = [r for r in sweep.runs if r.group == baseline and str(r.run_dir) in base_dirs]
             source[block] = f" (from sweep {sweep.sources(base_runs)})" if base_runs else ""
-    routed = [m for m in ROUTE_METRICS if m in runs and runs[m].notna().any()]
+    routed = [m for m in [*ROUTE_METRICS, *COVERAGE_METRICS] if m in runs and runs[m].notna().any()]
     compared = COMPARED + [(m, "Δ " + dict((x, h) for x, h, _ in METRICS)[m]) for m in routed]
     per_block = []
     for block in dict.fromkeys(runs["block"]):

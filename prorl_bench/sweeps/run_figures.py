@@ -19,6 +19,13 @@ ROUTE_METRICS = {
     "route_retain_success": "route/retain_only/success",
     "route_retain_hack": "route/retain_only/hack_rate",
 }
+# Invisible-Leash coverage classes (printed and compared when a sweep has them): metric -> class name
+COVERAGE_METRICS = {
+    "cov_both_final": "both",
+    "cov_shrink_final": "base_only",
+    "cov_expand_final": "trained_only",
+    "cov_neither_final": "neither",
+}
 
 
 def column(df: pd.DataFrame, key: str) -> list[float | None]:
@@ -57,6 +64,9 @@ def _validation_figures(v: pd.DataFrame, out: dict[str, float]) -> None:
     if k is None:
         return
     last = v.iloc[-1]
+    for metric, name in COVERAGE_METRICS.items():  # classes at k_max vs the base (run/passk.py)
+        if f"val/coverage@{k}/{name}" in v.columns:
+            out[metric] = float(last[f"val/coverage@{k}/{name}"])
     out["val_pass1_final"] = float(last.get("val/pass@1", stats.NAN))
     out["val_passk_final"] = float(last[f"val/pass@{k}"])
     out["val_distinct_final"] = float(last.get("val/distinct_per_prompt", stats.NAN))
