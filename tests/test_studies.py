@@ -15,7 +15,10 @@ from prorl_bench.sweeps.study import StudyConfig, study_from_dict
 from prorl_bench.sweeps.sweep import plan_jobs
 
 register_configs()
-STUDIES = ["reset_semantics", "adam_step_hazard", "coverage", "routing", "ablation", "ablation_small"]
+STUDIES = [
+    "reset_semantics", "adam_step_hazard", "coverage", "routing", "ablation", "ablation_small",
+    "reset_map", "kl_placement", "coverage_k256",
+]  # fmt: skip
 GOOD = {
     "question": "q?",
     "primary": [{"metric": "val_pass1_final", "direction": "higher", "margin": 0.03}],
@@ -38,7 +41,7 @@ def test_every_named_study_declares_its_question(name):
     assert not set(study.seeds("explore")) & set(study.seeds("confirm"))
 
 
-@pytest.mark.parametrize("name", ["reset_semantics", "ablation_small"])
+@pytest.mark.parametrize("name", ["reset_semantics", "ablation_small", "reset_map", "kl_placement"])
 def test_the_confirm_block_is_the_same_grid_on_disjoint_seeds(name):
     explore = plan_jobs([f"+sweep={name}"])
     confirm = plan_jobs([f"+sweep={name}", "study.block=confirm"])
