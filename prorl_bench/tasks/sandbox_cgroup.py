@@ -200,8 +200,10 @@ class SampleCgroup:
         return sorted(out)
 
     def destroy(self) -> None:
-        """Kill every process still in the group, then remove it (retried while the kernel finishes reaping)."""
-        for _ in range(200):
+        """Kill every process still in the group, then remove it (retried while the kernel finishes reaping,
+        for up to 10 s: a loaded machine may take that long to tear down a large process tree)."""
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
             left = self.pids()
             for pid in left:
                 try:

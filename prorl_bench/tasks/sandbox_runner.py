@@ -252,21 +252,42 @@ def reap(srv):
             srv["status"] = status
 
 
-def kill_others(srv):
+def kill_others(srv, patience=5.0):
     """Mode full: kill every process of the sample but the server (this runner is PID 1: /proc is the
-    sample's); False if they keep appearing (then the caller kills the server too)."""
-    for _ in range(200):
+    sample's) and wait until each has died (a pidfd turns readable); rescan for processes forked meanwhile.
+    False if they keep appearing for ``patience`` seconds (then the caller kills the server too)."""
+    deadline = time.monotonic() + patience
+    while True:
         victims = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in (1, srv["pid"])]
         victims = [p for p in victims if _state(p) not in (b"Z", b"X")]
         reap(srv)
         if not victims:
             return True
+        if time.monotonic() > deadline:
+            return False
+        poller, fds = select.poll(), []
         for p in victims:
             try:
-                os.kill(p, signal.SIGKILL)
+                fd = os.pidfd_open(p)
+            except OSError:
+                continue  # already gone
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)  # by pidfd: never a recycled pid
             except OSError:
                 pass
-    return False
+            fds.append(fd)
+            poller.register(fd, select.POLLIN)
+        waiting = len(fds)
+        while waiting:  # a killed process still unmaps its memory: wait for it rather than spin
+            left = deadline - time.monotonic()
+            events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
+            if not events:
+                break
+            for fd, _ in events:
+                poller.unregister(fd)
+                waiting -= 1
+        for fd in fds:
+            os.close(fd)
 
 
 def kill_all(job, srv):
