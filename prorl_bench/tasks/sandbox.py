@@ -196,7 +196,7 @@ def interpreter(uid: int) -> str:
         return sys.executable
     for exe in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         try:
-            probe = "import _json, ctypes, marshal, resource, select, traceback"  # what the runner needs
+            probe = "import _json, _socket, ctypes, errno, marshal, resource, select, traceback"  # the runner's
             r = subprocess.run([exe, "-I", "-S", "-c", probe], user=uid, group=uid, extra_groups=[],
                                capture_output=True, timeout=30, cwd="/")  # fmt: skip
         except (OSError, subprocess.TimeoutExpired):
