@@ -234,10 +234,10 @@ def test_rerunning_a_finished_run_changes_nothing_and_wall_time_adds_up(run_exp)
 #     failed in torch's sampler with "probability tensor contains inf"
 @pytest.mark.parametrize("policy", ["fail", "skip_batch"])
 def test_nonfinite_weights_after_the_step_stop_the_run_with_a_named_error(run_exp, monkeypatch, policy):
-    from prorl_bench.run import trainer
+    from prorl_bench.run import setup
     from prorl_bench.run.guards import NonFiniteError
 
-    real_build = trainer.build_optimizer
+    real_build = setup.build_optimizer
 
     def build(policy, a):  # the RL optimizer only (the base's warm-up is left alone)
         opt = real_build(policy, a)
@@ -252,7 +252,7 @@ def test_nonfinite_weights_after_the_step_stop_the_run_with_a_named_error(run_ex
         opt.step = poisoned
         return opt
 
-    monkeypatch.setattr(trainer, "build_optimizer", build)
+    monkeypatch.setattr(setup, "build_optimizer", build)
     with pytest.raises(NonFiniteError, match="parameters after the optimizer step"):
         run_exp([f"guard.nonfinite={policy}"], name=policy)
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from prorl_bench.run.trainer import setup_hardware as REAL_SETUP
+from prorl_bench.run.hardware import setup_hardware as REAL_SETUP
 
 
 def test_torch_autocast_reuses_stale_weight_casts():
@@ -28,13 +28,13 @@ def test_torch_autocast_reuses_stale_weight_casts():
 
 def _bf16_rows(monkeypatch, run_exp, variant: str, cache: bool) -> list[dict]:
     """A short run whose update runs under CPU bf16 autocast (the CUDA path's structure)."""
-    import prorl_bench.run.trainer as trainer
+    import prorl_bench.run.setup as setup
 
     def cpu_bf16(cfg, threads):
         device, _ = REAL_SETUP(cfg, threads)
         return device, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache)
 
-    monkeypatch.setattr(trainer, "setup_hardware", cpu_bf16)
+    monkeypatch.setattr(setup, "setup_hardware", cpu_bf16)
     over = ["steps=3", "algo.ppo_epochs=2", "algo.minibatches=2", "algo.lr=3e-3", f"variant={variant}"]
     _, run_dir = run_exp(over, f"cache_{cache}")
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -56,7 +56,7 @@ def test_mfu_peak_is_measured_in_the_runs_matmul_precision():
     """MFU divides by a peak of the precision the matmuls run in: bf16 under CUDA autocast (an fp32
     peak would understate a bf16 run's headroom several-fold), fp32 everywhere else."""
     from prorl_bench.run.accounting import _PEAK_CACHE, measured_matmul_peak
-    from prorl_bench.run.trainer import matmul_dtype
+    from prorl_bench.run.hardware import matmul_dtype
 
     from .conftest import make_config
 

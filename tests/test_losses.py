@@ -79,17 +79,17 @@ def test_seq_mean_token_sum_norm_divides_by_the_fixed_budget_not_the_padded_widt
 def test_trainer_normalises_dr_grpo_by_the_completion_budget(run_exp, monkeypatch, budget):
     """Every loss aggregation of a seq_mean_token_sum_norm run uses the completion budget: the task's
     (reverse_digits, max_len 5: 5 digits + EOS) or algo.max_new_tokens when set."""
-    from prorl_bench.run import trainer
+    from prorl_bench.run import phases
 
     seen = []
-    real = trainer.aggregate
+    real = phases.aggregate
 
     def spy(values, mask, mode, norm_len=None):
         if LossAgg(mode) == LossAgg.seq_mean_token_sum_norm:
             seen.append((norm_len, mask.shape[1]))
         return real(values, mask, mode, norm_len)
 
-    monkeypatch.setattr(trainer, "aggregate", spy)
+    monkeypatch.setattr(phases, "aggregate", spy)
     extra = [] if budget is None else [f"algo.max_new_tokens={budget}"]
     run_exp(["algo=dr_grpo", "steps=2", "eval_every=2", *extra], f"dr_{budget}")
     want = 6 if budget is None else budget

@@ -302,9 +302,10 @@ def test_member_equals_single_run_with_its_seed(variant, tmp_path, base_cache):
 def test_member_failing_a_guard_is_dropped_alone(tmp_path, base_cache, monkeypatch):
     """Member 1's loss turns NaN at step 2: its run dir says failed and dropped; the others equal
     their single runs."""
+    import prorl_bench.run.phases as phases
     import prorl_bench.run.trainer as trainer
 
-    real = trainer.clipped_surrogate
+    real = phases.clipped_surrogate
     calls = {"n": 0}
 
     def poisoned(*a, **k):
@@ -319,7 +320,7 @@ def test_member_failing_a_guard_is_dropped_alone(tmp_path, base_cache, monkeypat
     over = [*FAST, "checkpoint.every=3"]
     for s in (0, 2):
         trainer.train(make_config([*over, f"seed={s}"]), tmp_path / f"single{s}", base_cache, threads=1)
-    monkeypatch.setattr(trainer, "clipped_surrogate", poisoned)
+    monkeypatch.setattr(phases, "clipped_surrogate", poisoned)
     jobs = [MemberJob(make_config([*over, f"seed={s}"]), tmp_path / f"pop{s}") for s in seeds]
     results = run_population(jobs, base_cache)
     assert isinstance(results[1], FloatingPointError)

@@ -130,9 +130,9 @@ def test_resume_with_growth_and_resets_restores_adapter_rank(run_exp, tmp_path, 
 
 
 def test_skip_batch_guard_counts_and_continues(run_exp, monkeypatch):
-    import prorl_bench.run.trainer as trainer
+    import prorl_bench.run.phases as phases
 
-    real = trainer.clipped_surrogate
+    real = phases.clipped_surrogate
     calls = {"n": 0}
 
     def sometimes_nan(*a, **k):
@@ -140,7 +140,7 @@ def test_skip_batch_guard_counts_and_continues(run_exp, monkeypatch):
         loss, clipped = real(*a, **k)
         return (loss * float("nan") if calls["n"] % 4 == 1 else loss), clipped
 
-    monkeypatch.setattr(trainer, "clipped_surrogate", sometimes_nan)
+    monkeypatch.setattr(phases, "clipped_surrogate", sometimes_nan)
     with pytest.warns(UserWarning, match="skipped"):
         summary, d = run_exp(["guard.nonfinite=skip_batch"], name="skip")
     assert summary["status"] == "completed"
@@ -157,6 +157,7 @@ def test_nan_config_values_are_rejected():
 def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path, base_cache, monkeypatch):
     """A NaN mid-run: the run stops with stage and tensor named, summary.json says failed (as the
     app writes it), and the aggregator lists it as failed beside the completed run."""
+    import prorl_bench.run.phases as phases
     import prorl_bench.run.trainer as trainer
     from prorl_bench.cli.app import failed_summary
     from prorl_bench.run.guards import NonFiniteError
@@ -170,7 +171,7 @@ def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path,
         (d / ".hydra").mkdir(parents=True)
         (d / ".hydra" / "overrides.yaml").write_text(f"- seed={seed}\n- variant=A1\n")
     trainer.train(make_config(FAST + ["seed=0"]), sweep / "seed=0,variant=A1", base_cache)
-    real = trainer.clipped_surrogate
+    real = phases.clipped_surrogate
     calls = {"n": 0}
 
     def nan_at_step_3(*a, **k):
@@ -178,7 +179,7 @@ def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path,
         loss, clipped = real(*a, **k)
         return (loss * float("nan") if calls["n"] > 8 else loss), clipped  # 4 minibatches per step
 
-    monkeypatch.setattr(trainer, "clipped_surrogate", nan_at_step_3)
+    monkeypatch.setattr(phases, "clipped_surrogate", nan_at_step_3)
     failed_dir = sweep / "seed=1,variant=A1"
     with pytest.raises(NonFiniteError, match="'loss/total' at step 3, stage 'update'") as info:
         trainer.train(make_config(FAST + ["seed=1"]), failed_dir, base_cache)
@@ -234,7 +235,7 @@ def _cli(d, cache, *extra, inject: str | None = None):
 
 
 FAIL_AT_THE_SECOND_NEW_STEP = """
-import prorl_bench.run.trainer as t
+import prorl_bench.run.phases as t
 real, calls = t.score_details, []
 def score_details(*a, **k):
     calls.append(1)

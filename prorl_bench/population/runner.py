@@ -87,8 +87,8 @@ def prepare_bases(cfgs: list[Config], cache_root: Path, threads: int = 1) -> Non
     """
     import torch
 
+    from prorl_bench.run.hardware import resolve_device
     from prorl_bench.run.policies import build_tokenizer, load_base_policy
-    from prorl_bench.run.trainer import resolve_device
     from prorl_bench.tasks.base import make_task
 
     torch.set_num_threads(threads)
