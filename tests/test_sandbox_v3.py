@@ -18,7 +18,7 @@ import pytest
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.run.evaluation import score_details
 from prorl_bench.tasks.code_task import CodeProblem, CodeTask
-from prorl_bench.tasks.sandbox import SandboxLimits, isolation, run_program
+from prorl_bench.tasks.sandbox import SandboxLimits, isolation, layers, run_program
 from prorl_bench.tasks.sandbox_uids import UIDS
 
 ISO = isolation()
@@ -133,6 +133,13 @@ def test_memfds_neither_score_nor_hold_host_memory(task):
     rewards, _, infos = task.score_many([fenced(MEMFDS_HELD), fenced(MEMFDS_MAPPED)], [gcd, gcd])
     assert rewards == [0.0, 0.0], infos
     assert infos[1]["fail"] == "memory"  # the sample's memory cgroup killed it (its own counter)
+    assert sample_groups() == []  # nothing holds the memory afterwards: no process, no group of ours left
+
+
+def sample_groups() -> list[str]:
+    """The cgroups of this process's samples still present in any hierarchy."""
+    lay = layers().cgroup
+    return [f"{d}/{n}" for d in lay.dirs() for n in os.listdir(d) if n.startswith(f"prorl_sbx_{os.getpid()}_")]
 
 
 def test_processes_of_a_sample_share_one_memory_limit(task):
