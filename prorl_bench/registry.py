@@ -187,6 +187,7 @@ BUILTIN_MODULES = (
     "prorl_bench.rl.reference",
     "prorl_bench.tasks.detectors",
     "prorl_bench.tasks.hack_task",
+    "prorl_bench.engines.trl.config_map",  # engine=trl: refuses what TRL cannot express (a config check)
 )
 _SCHEMA: list[type] = []  # the config schema (config.Config), set by config/root.py: read without importing it
 

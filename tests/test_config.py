@@ -29,6 +29,8 @@ def test_every_option_composes_and_validates(group, option, request):
         from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
         overrides.append(f"task.path={EXAMPLE}")
+    if group == "engine" and option == "trl":  # TRL trains Hugging Face models (the native policy is refused)
+        overrides += ["model=hf_causal_lm", f"model.path={request.getfixturevalue('tiny_hf_dir')}"]
     if group == "reset":
         overrides.append("variant=C")  # resets are variant C's
     if group == "growth":

@@ -93,7 +93,7 @@ def completed_job(run_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
 
 def run(cfg: DictConfig) -> float:
     """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers)."""
-    from prorl_bench.run.trainer import train  # keeps `--help` and config errors fast
+    from prorl_bench.engines.dispatch import train  # keeps `--help` and config errors fast
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN

@@ -23,6 +23,7 @@ is the way in:
 * ``events.py``: ``reset``, ``opt_reset``, ``growth``,
 * ``routing.py``: ``detector``, ``route``,
 * ``run.py``: ``checkpoint``, ``guard``, ``export``, ``tracking``, ``eval``,
+* ``engine.py``: ``engine`` (native | trl),
 * ``root.py``: ``Config`` (every group, the cross-group checks), ``register_configs``, ``to_config``.
 
 Each field's comment is its ``prorl-bench --help`` text (prorl_bench/cli/confhelp.py reads it).
@@ -31,6 +32,7 @@ Each field's comment is its ``prorl-bench --help`` text (prorl_bench/cli/confhel
 from __future__ import annotations
 
 from prorl_bench.config.algo import VARIANT_PRESETS, AlgoConfig, KLConfig, KLControlConfig, VariantConfig
+from prorl_bench.config.engine import ENGINES, EngineConfig
 from prorl_bench.config.enums import (
     AdamWImpl,
     AdapterKind,
@@ -75,6 +77,8 @@ __all__ = [
     "CheckpointConfig",
     "CodeTaskConfig",
     "DetectorConfig",
+    "ENGINES",
+    "EngineConfig",
     "EvalConfig",
     "ExportConfig",
     "GrowthConfig",

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import registry
 from prorl_bench.config.algo import AlgoConfig, KLConfig, KLControlConfig, VariantConfig
+from prorl_bench.config.engine import EngineConfig
 from prorl_bench.config.enums import AdapterKind, GrowthKind, K2Mode, KLControlKind, KLPlacement, ModelKind, PromptStyle
 from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
 from prorl_bench.config.model import AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
@@ -45,6 +46,7 @@ class Config:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # native | trl: which trainer runs (docs/engines.md)
     seed: int = 0  # run seed: prompts, sampling, minibatch order, initial weights (< 2**24)
     steps: int = 150  # RL steps = rollouts (not optimizer steps)
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)

@@ -1,0 +1,198 @@
+"""The bench's run directory written from inside TRL's trainer: a ``TrainerCallback`` at every RL-step
+boundary (one TRL log per generation batch) that
+
+* translates TRL's logged averages into one ``metrics.jsonl`` row under the bench's key names
+  (``TRL_KEYS``; what TRL does not measure is NaN, never a guess), with the verifier's success rate,
+  the reference's forward calls / tokens / time counted by hooks on TRL's reference model;
+* runs the bench's own held-out evaluation (pass@k, ``samples.jsonl``) every ``eval_every`` steps
+  and at the end, and feeds it to the stall trigger;
+* drives ``ReferenceResetCallback`` (events.jsonl ``reset`` rows);
+* asks TRL to checkpoint on the bench's schedule and on a preemption signal, and saves the bench's own
+  state (history, trigger, reference weights) into TRL's checkpoint directory (``BENCH_STATE``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from prorl_bench.config import Config
+from prorl_bench.engines.trl.build import RewardLog
+from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
+from prorl_bench.run.checkpoint import config_dict, save_verified
+from prorl_bench.run.evaluation import prompts_to_write, validate
+from prorl_bench.run.outputs import COUNTERS, STAGES
+
+BENCH_STATE = "prorl_bench_state.pt"  # in TRL's checkpoint-N directory, next to its optimizer.pt
+# bench key <- TRL's logged key (averaged by TRL over the RL step's optimizer steps)
+TRL_KEYS = {
+    "loss/total": "loss",
+    "entropy": "entropy",
+    "clip_frac": "clip_ratio/region_mean",
+    "grad_norm": "grad_norm",
+    "kl/ref": "kl",
+    "lr": "learning_rate",
+    "response_len": "completions/mean_length",
+}
+NAN = float("nan")
+
+
+class RefCounter:
+    """Forward calls, tokens and seconds of TRL's reference model (hooks; the step's totals)."""
+
+    def __init__(self, model: torch.nn.Module | None) -> None:
+        self.calls, self.tokens, self.seconds, self._t0 = 0, 0, 0.0, 0.0
+        if model is not None:
+            model.register_forward_pre_hook(self._pre, with_kwargs=True)
+            model.register_forward_hook(self._post)
+
+    def _pre(self, module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.calls += 1
+        self.tokens += int(mask.sum()) if mask is not None else int(ids.numel())
+        self._t0 = time.perf_counter()
+
+    def _post(self, module, args, output):
+        self.seconds += time.perf_counter() - self._t0
+
+    def take(self) -> tuple[int, int, float]:
+        out = (self.calls, self.tokens, self.seconds)
+        self.calls, self.tokens, self.seconds = 0, 0, 0.0
+        return out
+
+
+class BenchRunCallback(TrainerCallback):
+    """Writes the bench's run directory from TRL's training loop (see the module docstring).
+
+    ``out``: the bench's RunWriter; ``resets``: the ReferenceResetCallback (also the LR factor);
+    ``policy_view``: the trained model behind the bench's policy interface (for the evaluation);
+    ``eval_kw``: what ``evaluation.validate`` needs besides the policy."""
+
+    def __init__(self, cfg: Config, trainer: Any, out: Any, resets: ReferenceResetCallback, rewards: RewardLog,
+                 policy_view: Any, eval_kw: dict[str, Any], preempt: Any, state: dict[str, Any]) -> None:  # fmt: skip
+        self.cfg, self.trainer, self.out, self.resets, self.rewards = cfg, trainer, out, resets, rewards
+        self.policy_view, self.eval_kw, self.preempt = policy_view, eval_kw, preempt
+        self.history: list[dict[str, Any]] = state["history"]
+        self.val_rows: list[dict[str, Any]] = state["val_rows"]
+        self.wall_before: float = state.get("wall_time_s", 0.0)
+        self.per = resets.per_rl_step
+        self.ref = RefCounter(unwrap(trainer.ref_model, "module") if trainer.ref_model is not None else None)
+        self.preempted_at: int | None = None
+        self._t0 = self._mark = time.perf_counter()
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self._t0
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.resets.on_train_begin(args, state, control, **kw)
+        self._mark = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not logs or "reward" not in logs or state.global_step % self.per:
+            return  # TRL's end-of-training summary log, or not an RL-step boundary
+        step = state.global_step // self.per
+        row = self.metrics_row(step, logs, time.perf_counter() - self._mark)
+        self.validate_phase(step, row)
+        t = time.perf_counter()
+        info = self.resets.rl_step_end(step, kl=None if math.isnan(row["kl/ref"]) else row["kl/ref"])
+        row["time/reset"] = time.perf_counter() - t if info else 0.0
+        row["reset"] = int(info is not None)
+        if info is not None:
+            reason = info.pop("reason")
+            self.out.event(step, "reset", reason, **info)
+        self.out.metrics(row)
+        self.history.append(row)
+        every = self.cfg.checkpoint.every
+        if (every and step % every == 0) or step == self.cfg.steps:
+            control.should_save = True
+        if self.preempt.requested and step < self.cfg.steps:
+            control.should_save, control.should_training_stop = True, True
+            self.preempted_at = step
+        self._mark = time.perf_counter()
+
+    def metrics_row(self, step: int, logs: dict[str, Any], step_time: float) -> dict[str, Any]:
+        rewards, success, lengths = self.rewards.take()
+        calls, tokens, ref_s = self.ref.take()
+        r = torch.tensor(rewards, dtype=torch.float64)
+        row: dict[str, Any] = {
+            "step": step,
+            "reward/mean": float(r.mean()) if len(r) else NAN,
+            "reward/std": float(r.std()) if len(r) > 1 else NAN,
+            "success_rate": sum(success) / len(success) if success else NAN,
+        }
+        for key, trl_key in TRL_KEYS.items():
+            v = logs.get(trl_key)
+            row[key] = float(v) if v is not None else NAN
+        for key in ("loss/total", "grad_norm"):
+            if not math.isfinite(row[key]):
+                raise FloatingPointError(f"step {step}: {key}={row[key]} (guard.nonfinite=fail; TRL's {TRL_KEYS[key]})")
+        row |= {"loss/pg": NAN, "loss/kl": NAN, "kl/old": NAN, "kl/ref_k1": NAN, "kl/k2_ref_over_old": NAN,
+                "kl/base": NAN, "kl/beta": self.cfg.algo.beta, "update_norm": NAN, "ds/kept_frac": 1.0,
+                "guard/skipped": 0, "growth": 0}  # fmt: skip
+        if step == 1 or not self.resets.resets:  # the reference is still the base until the first reset
+            row["kl/base"] = row["kl/ref"]
+        row |= {f"time/{s}": NAN for s in STAGES}
+        row |= {"time/ref_logprob": ref_s if calls else 0.0, "time/eval": 0.0, "time/reset": 0.0,
+                "time/growth": 0.0, "time/step": step_time}  # fmt: skip
+        row |= dict.fromkeys(COUNTERS, NAN)
+        if self.trainer.ref_model is not None or self.cfg.algo.beta == 0:
+            row |= {"count/ref_fwd": calls, "tokens/ref_fwd": tokens}
+        row |= {"time/ref_share": row["time/ref_logprob"] / step_time if step_time > 0 else 0.0,
+                "throughput/tokens_per_s": sum(lengths) / step_time,
+                "throughput/samples_per_s": len(lengths) / step_time,
+                "perf/flops": NAN, "perf/flops_per_s": NAN, "perf/mfu": NAN}  # fmt: skip
+        return row
+
+    def validate_phase(self, step: int, row: dict[str, Any]) -> None:
+        """The bench's held-out evaluation every eval_every steps and at the end; regular ones feed the
+        stall trigger (as native: the final one must not, or extending a run would change it)."""
+        cfg = self.cfg
+        regular = step % cfg.eval_every == 0
+        if not (regular or step == cfg.steps):
+            return
+        t = time.perf_counter()
+        v = self.evaluate(step)
+        row["time/eval"] = time.perf_counter() - t
+        if regular:
+            self.resets.observe_validation(v[cfg.reset.metric.value])
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        cfg, e = self.cfg, self.cfg.eval
+        device = self.eval_kw["device"]
+        vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)  # as native
+        problems = self.eval_kw["problems"]
+        v, samples = validate(
+            self.policy_view,
+            self.eval_kw["task"],
+            self.eval_kw["tok"],
+            problems,
+            temperature=cfg.algo.temperature,
+            banned=self.eval_kw["banned"],
+            generator=vgen,
+            device=device,
+            n_samples=e.n_samples,
+            ks=e.ks,
+            n_sample_prompts=prompts_to_write(step, cfg.steps, len(problems), e.n_sample_prompts),
+            chunk=e.batch,
+        )
+        v = {"step": step, **v}
+        self.out.validation(v)
+        self.out.samples(step, samples)
+        self.val_rows.append(v)
+        return v
+
+    def on_save(self, args, state, control, **kw):
+        """The bench's state next to TRL's checkpoint of this step (TRL rotates both together)."""
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not ckpt.is_dir():
+            return
+        payload = {"config": config_dict(self.cfg), "step": state.global_step // self.per, "history": self.history,
+                   "val_rows": self.val_rows, "resets": self.resets.state_dict(),
+                   "reference": self.resets.reference_state(), "wall_time_s": self.wall()}  # fmt: skip
+        save_verified(ckpt / BENCH_STATE, payload)
