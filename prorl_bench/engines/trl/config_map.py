@@ -310,7 +310,8 @@ def _variant_refusal(c: Config) -> str | None:
         return f"variant={v.name}: TRL has no preallocated reference buffer (its behaviour is A1)"
     if v.reference == "none" and c.algo.beta != 0:
         return (f"variant={v.name} with algo.beta={c.algo.beta}: TRL's B is beta=0 (no KL term, no reference "
-                "model); the bench's B takes beta * KL(theta || pi_old), which TRL has no term for: set algo.beta=0")  # fmt: skip
+                "model); the bench's B takes beta * KL(theta || pi_old), which TRL has no term for: "
+                "set algo.beta=0")  # fmt: skip
     if v.reference not in ("cached", "none"):
         return f"variant.reference={v.reference}: TRL knows a frozen reference (cached) or none"
     if v.reference == "cached" and c.algo.beta == 0:
