@@ -376,3 +376,26 @@ def render_table() -> str:
         when = r.when if r.refuse is not None else ""
         rows.append(f"| `{r.key}` | {r.trl} | {when} |")
     return "\n".join(rows) + "\n"
+
+
+BEGIN, END = "<!-- BEGIN generated: python -m prorl_bench.engines.trl.config_map -->", "<!-- END generated -->"
+
+
+def update_doc(path: Any) -> bool:
+    """Rewrite the generated table of ``path`` (docs/engines.md) between its markers; True if it changed."""
+    from pathlib import Path
+
+    p = Path(path)
+    text = p.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{BEGIN}\n{render_table()}{END}{tail}"
+    if new != text:
+        p.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # regenerate docs/engines.md's table from the rules
+    from prorl_bench.searchpath import ROOT
+
+    print("docs/engines.md", "updated" if update_doc(ROOT / "docs" / "engines.md") else "unchanged")
