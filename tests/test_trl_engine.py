@@ -183,3 +183,57 @@ def test_grid_on_both_engines_aggregates_to_the_same_table(tmp_path, model_dir):
         assert (tables[engine]["steps_logged"] == 2).all()
     assert list(tables["trl"].columns) == list(tables["native"].columns)
     assert list(tables["trl"]["group"]) == list(tables["native"]["group"])
+
+
+# --------------------------------------------------------------------------- the README's TRL example
+
+
+def _readme_example() -> tuple[str, str]:
+    """(the shell command that builds the example's model, the example's Python) from the README's
+    Engines section, as a user copies them."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Engines", 1)[1].split("\n## ", 1)[0]
+    build = section.split("(`python -m prorl_bench.models.tiny_hf ", 1)[1].split("`", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    return build, code
+
+
+@pytest.mark.slow
+def test_readme_trl_example_runs_as_written(tmp_path):
+    model, code = _readme_example()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    built = subprocess.run([sys.executable, "-m", "prorl_bench.models.tiny_hf", model], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    (tmp_path / "example.py").write_text(code)
+    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=HANG_S)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 resets at RL steps [1, 2, 3, 4]" in proc.stdout
+
+
+# --------------------------------------------------------------------------- past one process
+
+
+@pytest.mark.slow
+def test_one_trl_run_across_two_cpu_processes(tmp_path, model_dir):
+    """accelerate launch --num_processes 2 --cpu: each process trains half of every minibatch (DDP over
+    gloo); rank 0 alone writes the run directory, with every process's samples in each row."""
+    run = tmp_path / "ddp"
+    args = ["-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+            "no", "--dynamo_backend", "no", "--cpu", "-m", "prorl_bench.cli.app", "engine=trl", *_hf(model_dir),
+            *QUICK, "steps=2", "variant=C", "reset=periodic", "reset.every=1", f"run_dir={run}",
+            f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=HANG_S)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["reset_steps"] == [1, 2]
+    rows = _rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:  # 4 prompts x 4 samples per step, gathered from both processes
+        assert round(r["throughput/samples_per_s"] * r["time/step"]) == 16

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -223,8 +222,7 @@ class ReferenceResetCallback(TrainerCallback):
     def state_dict(self) -> dict[str, Any]:
         """Trigger state, LR factor, reset log (plain containers). The reference weights are saved by
         the caller (``reference_state``)."""
-        return {"schedule": self.schedule.state_dict(), "lr": (self.lr.start, self.lr.warmup),
-                "resets": self.resets, "reset_cfg": asdict(self.reset_cfg)}  # fmt: skip
+        return {"schedule": self.schedule.state_dict(), "lr": (self.lr.start, self.lr.warmup), "resets": self.resets}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,12 @@ TRL_DIR = "trl"  # run_dir/trl: TRL's output_dir (its checkpoint-N directories)
 
 def train(cfg: Config, run_dir: Path, cache_root: Path, threads: int = 1, progress: bool = False,
           resolved_config: str | None = None, stop_file: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run one experiment on TRL; write its files into ``run_dir``; return the summary dict."""
-    with RunDirLock(run_dir), closing(PreemptionFlag(stop_file)) as preempt:
+    """Run one experiment on TRL; write its files into ``run_dir``; return the summary dict.
+
+    Under ``accelerate launch`` (several processes) every process trains its share of each batch and
+    applies the same resets; only rank 0 locks and writes the run directory."""
+    lock = RunDirLock(run_dir) if _rank() == 0 else nullcontext()
+    with lock, closing(PreemptionFlag(stop_file)) as preempt:
         return _train(cfg, Path(run_dir), cache_root, threads, progress, resolved_config, preempt)
 
 
@@ -61,18 +65,22 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def _resume_state(cfg: Config, run_dir: Path) -> tuple[Path | None, dict[str, Any]]:
+def _resume_state(cfg: Config, run_dir: Path, write: bool = True) -> tuple[Path | None, dict[str, Any]]:
+    """The newest checkpoint and the bench's state in it (None, empty for a fresh run); ``write``: put
+    the logs in step with it (rank 0 only)."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
-        truncate_logs(run_dir, -1)
+        if write:
+            truncate_logs(run_dir, -1)
         return None, {"history": [], "val_rows": []}
     state = load_verified(ckpt / BENCH_STATE)
     diff = [d for d in config_diff(state["config"], config_dict(cfg)) if not d.startswith("steps")]
     if diff:
         raise ConfigError(f"{ckpt}: the run was made with another config ({'; '.join(diff[:5])}); "
                           "use another run_dir or the same config")  # fmt: skip
-    truncate_logs(run_dir, state["step"])
-    rewrite_logs(run_dir, state["history"], state["val_rows"])
+    if write:
+        truncate_logs(run_dir, state["step"])
+        rewrite_logs(run_dir, state["history"], state["val_rows"])
     return ckpt, state
 
 
@@ -94,8 +102,8 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     policy, base_info = load_base_policy(cfg_hf, task, tok, device, cache_root, preempt.stop_signal, progress)
     if (signum := preempt.stop_signal()) is not None:
         raise Preempted(0, signum, stage="setup")
-    ckpt, state = _resume_state(cfg, run_dir)
-    if resolved_config is not None:
+    ckpt, state = _resume_state(cfg, run_dir, write=_rank() == 0)
+    if resolved_config is not None and _rank() == 0:
         atomic_write_text(run_dir / RESOLVED_CONFIG, resolved_config)
     seed_everything(cfg.seed)
     data, problems = prompt_dataset(cfg, task, tok)
@@ -111,7 +119,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         resets.load_reference_state(state["reference"])
     view = _policy_view(trainer.model, policy)
     eval_kw = {"task": task, "tok": tok, "problems": task.val_set(), "banned": tuple(tok.banned_ids), "device": device}
-    out = open_writer(cfg, run_dir)
+    out = open_writer(cfg, run_dir) if _rank() == 0 else NullWriter()
     try:
         run = BenchRunCallback(cfg, trainer, out, resets, rewards, view, eval_kw, preempt, state)
         trainer.add_callback(run)
@@ -143,6 +151,17 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
 
 def _objective(cfg: Config) -> str:
     return "trust_region_vs_old" if cfg.variant.reference == "none" else "kl_to_reference"
+
+
+class NullWriter:
+    """The run writer of a process other than rank 0: it writes nothing (rank 0 writes the record)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))  # accelerate launch / torchrun set it
 
 
 def _processes() -> int:

@@ -42,6 +42,17 @@ TRL_KEYS = {
 NAN = float("nan")
 
 
+def gather(xs: list[Any]) -> list[Any]:
+    """``xs`` of every process, rank order (one process: ``xs``). on_log runs on every process at the
+    same step, so the collective is matched."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return xs
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, xs)
+    return [x for part in parts for x in part]
+
+
 class RefCounter:
     """Forward calls, tokens and seconds of TRL's reference model (hooks; the step's totals)."""
 
@@ -117,7 +128,7 @@ class BenchRunCallback(TrainerCallback):
         self._mark = time.perf_counter()
 
     def metrics_row(self, step: int, logs: dict[str, Any], step_time: float) -> dict[str, Any]:
-        rewards, success, lengths = self.rewards.take()
+        rewards, success, lengths = (gather(x) for x in self.rewards.take())  # every process's share
         calls, tokens, ref_s = self.ref.take()
         r = torch.tensor(rewards, dtype=torch.float64)
         row: dict[str, Any] = {
@@ -190,7 +201,7 @@ class BenchRunCallback(TrainerCallback):
     def on_save(self, args, state, control, **kw):
         """The bench's state next to TRL's checkpoint of this step (TRL rotates both together)."""
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if not ckpt.is_dir():
+        if not state.is_world_process_zero or not ckpt.is_dir():
             return
         payload = {"config": config_dict(self.cfg), "step": state.global_step // self.per, "history": self.history,
                    "val_rows": self.val_rows, "resets": self.resets.state_dict(),
