@@ -16,6 +16,9 @@ on this machine with the same torch thread count):
 * ``prorl_hf``     prorl-bench, ``model=hf_causal_lm`` on the same directory, HF module forward
 * ``prorl_fast``   prorl-bench, same directory, the fast LLaMA forward (``model.impl=fast``; ``auto``'s
                    pick on CUDA)
+* ``prorl_trl``    prorl-bench with ``engine=trl`` on the same directory: TRL's ``GRPOTrainer`` built from the
+                   bench's config, with the bench's run-directory callback (the cost of the engine's
+                   bookkeeping against ``prorl_hf``: identical work, the same HF forward)
 * ``prorl_native`` prorl-bench's native policy with (about) the same parameter count (its own
                    character vocabulary: ``--vocab`` does not apply to it)
 
@@ -73,6 +76,7 @@ SIZES = {
                     "tied": False, "vocab": "char", "native": (1280, 24, 20)},
 }  # fmt: skip
 BETA, LR, EPS_LOW, EPS_HIGH, TEMPERATURE = 0.01, 1e-3, 0.2, 0.28, 1.0
+ADV_EPS = 1e-4  # TRL's hard-coded advantage denominator epsilon (engine=trl requires it; the same on every side)
 DIGITS = COMPLETION - 1  # the reversed digits + EOS fill the completion budget
 
 
@@ -143,7 +147,7 @@ def parse_side(side: str) -> tuple[str, dict[str, str]]:
     return name, settings
 
 
-SIDES = ("trl", "trl_gc", "prorl_hf", "prorl_fast", "prorl_native")
+SIDES = ("trl", "trl_gc", "prorl_hf", "prorl_fast", "prorl_native", "prorl_trl")
 SETTINGS = {"decode": "hardware.decode", "update_norm": "hardware.update_norm", "adamw": "algo.adamw_impl"}
 
 
@@ -290,7 +294,8 @@ def run_trl(
 
 
 def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | None, device: str = "cpu",
-              size: str = "tiny", profile: bool = False, settings: dict[str, str] | None = None) -> dict:  # fmt: skip
+              size: str = "tiny", profile: bool = False, settings: dict[str, str] | None = None,
+              engine: str = "native") -> dict:  # fmt: skip
     import torch
 
     from prorl_bench.config import (
@@ -300,6 +305,7 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         DecodeImpl,
         Device,
         DType,
+        EngineConfig,
         HardwareConfig,
         HFImpl,
         ModelConfig,
@@ -308,9 +314,9 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         UpdateNormMode,
         WarmupConfig,
     )
+    from prorl_bench.engines.dispatch import train
     from prorl_bench.run import outputs
     from prorl_bench.run.accounting import measured_matmul_peak
-    from prorl_bench.run.trainer import train
 
     settings = settings or {}
     torch.set_num_threads(threads)
@@ -335,6 +341,7 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
             eps_high=EPS_HIGH,
             temperature=TEMPERATURE,
             adamw_impl=AdamWImpl(settings.get("adamw", "auto")),
+            adv_eps=ADV_EPS,
         ),
         hardware=HardwareConfig(
             device=Device(device),
@@ -349,6 +356,7 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
         steps=warm + steps,
         eval_every=10**6,
         progress=False,
+        engine=EngineConfig(name=engine),
     )
     ends: list[float] = []
     rows: list[dict] = []
@@ -369,7 +377,7 @@ def run_prorl(model_dir: str, steps: int, warm: int, threads: int, impl: str | N
     times = [b - a for a, b in zip(ends[warm - 1 :], ends[warm:])]
     timed = rows[warm:]
     stages = ("rollout", "reward", "old_logprob", "ref_logprob", "update")
-    side = "prorl_native" if impl is None else f"prorl_{impl}"
+    side = "prorl_native" if impl is None else ("prorl_trl" if engine == "trl" else f"prorl_{impl}")
     if settings:
         side += "@" + "+".join(f"{k}={v}" for k, v in sorted(settings.items()))
     return {
@@ -442,9 +450,10 @@ def main() -> None:
                 profile=a.profile,
             )
         else:
-            impl = {"prorl_hf": "hf", "prorl_fast": "fast", "prorl_native": None}[name]
+            impl = {"prorl_hf": "hf", "prorl_fast": "fast", "prorl_native": None, "prorl_trl": "hf"}[name]
+            engine = "trl" if name == "prorl_trl" else "native"
             res = run_prorl(
-                a.model_dir, a.steps, a.warmup_steps, a.threads, impl, a.device, a.size, a.profile, settings
+                a.model_dir, a.steps, a.warmup_steps, a.threads, impl, a.device, a.size, a.profile, settings, engine
             )
         Path(a.json).write_text(json.dumps(res))
         return
@@ -501,7 +510,7 @@ def report(results: dict[str, list[dict]]) -> None:
               + (f"; CUDA max allocated {max(mems):.0f} MiB" if mems else "")
               + (f"; GPU busy {', '.join(f'{b:.1%}' for b in busy)} of the profiled wall" if busy else ""))  # fmt: skip
     for s in results:
-        if not s.startswith("prorl"):
+        if not s.startswith("prorl") or s.startswith("prorl_trl"):  # TRL reports no FLOPs or stage times
             continue
         best = min(results[s], key=lambda r: statistics.median(r["step_times"]))
         step = statistics.median(best["step_times"])

@@ -37,6 +37,8 @@ class MemberJob:
 def population_blockers(cfg: Config) -> list[str]:
     """Why ``cfg`` cannot be batched into a population (empty: it can), each naming the key."""
     out = []
+    if cfg.engine.name != "native":
+        out.append(f"engine={cfg.engine.name}: populations batch the native trainer only")
     if cfg.model.kind != ModelKind.native:
         out.append(f"model.kind={cfg.model.kind.value}: populations batch the native transformer only")
     if cfg.adapter.kind != AdapterKind.none:
