@@ -38,10 +38,13 @@ from prorl_bench.rl.schedule import LRSchedule
 
 
 def _as_config(kind: type, value: Any) -> Any:
-    """A ResetConfig / OptResetConfig from itself or a dict of its fields (``step`` as text allowed)."""
+    """A ResetConfig / OptResetConfig from itself or a dict of its fields (``step`` as text allowed;
+    omitted, it is the transform's own when it fixes one: hard -> reset)."""
     if isinstance(value, kind):
         return value
     value = dict(value or {})
+    if kind is OptResetConfig and "step" not in value:  # a transform that fixes its step policy (hard) states it
+        value["step"] = OPT_TRANSFORMS.meta(value.get("kind", "keep")).get("step") or "keep"
     if "step" in value:
         value["step"] = StepPolicy(value["step"])
     return kind(**value)
