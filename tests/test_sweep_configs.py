@@ -36,8 +36,10 @@ def test_expected_grids_exist():
 
 
 @pytest.mark.parametrize("grid", GRIDS)
-def test_grid_composes_with_joblib_and_every_job_validates(grid):
+def test_grid_composes_with_joblib_and_every_job_validates(grid, request):
     cfg = _compose([f"+sweep={grid}"])
+    # a grid on a Hugging Face model takes its directory on the command line (a tiny one, built offline)
+    hf = [f"model.path={request.getfixturevalue('tiny_hf_dir')}"] if cfg.model.kind == "hf_causal_lm" else []
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
     assert cfg.hydra.sweep.dir.startswith(f"outputs/sweeps/{grid}/")
     params = dict(cfg.hydra.sweeper.params)
@@ -46,7 +48,7 @@ def test_grid_composes_with_joblib_and_every_job_validates(grid):
     assert len(jobs) == _product_size(params)
     # a grid must not contain combinations the config rejects (seeds cannot make a config invalid)
     for job in {tuple(o for o in j if not o.startswith("seed=")) for j in jobs}:
-        _validate(list(job))
+        _validate(list(job) + hf)
 
 
 def _n_values(key: str, value) -> int:
