@@ -33,12 +33,13 @@ from prorl_bench.run.checkpoint import (
     rewrite_logs,
     truncate_logs,
 )
+from prorl_bench.run.hardware import seed_everything, setup_hardware
 from prorl_bench.run.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.run.policies import build_tokenizer, load_base_policy
 from prorl_bench.run.rundir import RunDirLock
 from prorl_bench.run.signals import Preempted, PreemptionFlag
 from prorl_bench.run.sinks import open_writer
-from prorl_bench.run.trainer import seed_everything, setup_hardware, summarize
+from prorl_bench.run.summary import summarize
 from prorl_bench.tasks.base import make_task
 
 TRL_DIR = "trl"  # run_dir/trl: TRL's output_dir (its checkpoint-N directories)
