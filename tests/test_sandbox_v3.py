@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -220,7 +221,11 @@ print(json.dumps(r.calls[0]))
 
 
 def _run_in_new_process(program: str, arg: str) -> object:
-    out = subprocess.run([sys.executable, "-c", RUN_ONE, program, arg], capture_output=True, text=True, check=True)
+    """One sample scored by a new Python process (a run of its own), started outside the checkout: the
+    installed package, as a user's run imports it."""
+    with tempfile.TemporaryDirectory() as cwd:
+        out = subprocess.run([sys.executable, "-c", RUN_ONE, program, arg], capture_output=True, text=True,
+                             check=True, cwd=cwd)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
