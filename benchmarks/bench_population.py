@@ -31,20 +31,21 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "eval")
 
 
 def _run(args: list[str], sweep: Path, cache: Path) -> float:
-    cmd = [sys.executable, "-m", "prorl_bench.cli.app", "-m", *args, f"warmup.cache_dir={cache}",
+    # the installed entry point, as a user starts it (no PYTHONPATH: the launcher must come from the install)
+    cmd = [str(Path(sys.executable).with_name("prorl-bench")), "-m", *args, f"warmup.cache_dir={cache}",
            f"hydra.sweep.dir={sweep}", "hydra.callbacks={}", "progress=false"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=sweep.parent)
     wall = time.perf_counter() - t0
@@ -69,7 +70,14 @@ def _collect(sweep: Path, per_process: int) -> dict[str, float]:
             **{f"share/{s}": v / total for s, v in stages.items()}}  # fmt: skip
 
 
-def throughput(sizes: list[int], models: list[str], steps: int, extra: list[str]) -> None:
+def throughput(
+    sizes: list[int],
+    models: list[str],
+    steps: int,
+    extra: list[str],
+    repeats: int = 1,
+    population_args: tuple[str, ...] = (),
+) -> None:
     import torch
 
     from prorl_bench.run.accounting import measured_matmul_peak
@@ -86,34 +94,42 @@ def throughput(sizes: list[int], models: list[str], steps: int, extra: list[str]
             base = [f"model={model}", f"steps={steps}", *extra]
             _run([*base, "seed=0", "steps=1"], tmp / f"warm-{model}", cache)  # build the warm-up base once
             print(f"\n## model={model}\n")
-            print("| S | joblib s | population s | joblib runs·steps/s | population runs·steps/s | ratio | "
+            print("| S | joblib s (median) | population s (median) | joblib runs·steps/s | population runs·steps/s | "
+                  "ratio (per repeat) | "
                   "MFU joblib | MFU pop | RSS/member MB joblib | pop | pop stage shares |")  # fmt: skip
             print("|---|---|---|---|---|---|---|---|---|---|---|")
             for s in sizes:
                 seeds = "seed=" + ",".join(str(i) for i in range(s))
                 size = max(1, math.ceil(s / 2))
+                walls: dict[str, list[float]] = {"joblib": [], "population": []}
                 res = {}
-                for kind in ("joblib", "population") if s % 2 else ("population", "joblib"):  # alternate order
-                    sweep = tmp / f"{model}-{kind}-{s}"
-                    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-                    if kind == "population":
-                        launcher = [
-                            "hydra/launcher=population",
-                            "hydra.launcher.n_jobs=2",
-                            f"hydra.launcher.size={size}",
-                        ]
-                    wall = _run([*base, seeds, *launcher], sweep, cache)
-                    res[kind] = (wall, _collect(sweep, size if kind == "population" and s > 1 else 1))
-                (wj, cj), (wp, cp) = res["joblib"], res["population"]
+                for rep in range(repeats):  # interleaved, the order alternating: both arms see the same load
+                    for kind in ("joblib", "population") if (s + rep) % 2 else ("population", "joblib"):
+                        sweep = tmp / f"{model}-{kind}-{s}-{rep}"
+                        launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+                        if kind == "population":
+                            launcher = [
+                                "hydra/launcher=population",
+                                "hydra.launcher.n_jobs=2",
+                                f"hydra.launcher.size={size}",
+                                *population_args,
+                            ]
+                        walls[kind].append(_run([*base, seeds, *launcher], sweep, cache))
+                        res[kind] = _collect(sweep, size if kind == "population" and s > 1 else 1)
+                    print(f"S={s} repeat {rep + 1}: joblib {walls['joblib'][-1]:.1f} s, "
+                          f"population {walls['population'][-1]:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+                wj, wp = statistics.median(walls["joblib"]), statistics.median(walls["population"])
+                cj, cp = res["joblib"], res["population"]
                 rj, rp = s * steps / wj, s * steps / wp
                 shares = " ".join(f"{k[6:]} {v:.0%}" for k, v in cp.items() if k.startswith("share/") and v >= 0.01)
                 mfu_j, mfu_p = cj["flops"] / wj / (2 * peak), cp["flops"] / wp / (2 * peak)
+                ratios = "/".join(f"{j / p:.2f}" for j, p in zip(walls["joblib"], walls["population"]))
                 cells = [
                     f"{wj:.1f}",
                     f"{wp:.1f}",
                     f"{rj:.2f}",
                     f"{rp:.2f}",
-                    f"{rp / rj:.2f}×",
+                    f"{rp / rj:.2f}× ({ratios})",
                     f"{mfu_j:.1%}",
                     f"{mfu_p:.1%}",
                     f"{cj['rss_per_member_mb']:.0f}",
@@ -254,6 +270,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--designs", action="store_true", help="only the design micro-benchmark")
     ap.add_argument("--in-process", action="store_true", help="singles vs a population in this process")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved repetitions per S (medians reported)")
+    ap.add_argument("--population-arg", action="append", default=[], help="extra override for the population arm")
     ap.add_argument("extra", nargs="*", help="more overrides for every run (e.g. algo.group_size=4)")
     a = ap.parse_args()
     if a.designs:
@@ -264,7 +282,7 @@ def main() -> None:
             print(f"\n## model={model}\n")
             in_process(a.sizes, a.steps, a.extra, model)
         return
-    throughput(a.sizes, a.models, a.steps, a.extra)
+    throughput(a.sizes, a.models, a.steps, a.extra, a.repeats, tuple(a.population_arg))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from prorl_bench import searchpath
 from prorl_bench.cli.confhelp import register_help
 from prorl_bench.config import ConfigError, register_configs, to_config
+from prorl_bench.run import provenance
 from prorl_bench.run.outputs import SAMPLES, read_jsonl, write_summary
 from prorl_bench.run.record import RecordSnapshot, drop_finished_copies
 from prorl_bench.run.rundir import RunDirBusy, has_previous_run
@@ -86,13 +87,27 @@ def completed_job(run_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
     from prorl_bench.run.outputs import RESOLVED_CONFIG
 
     written = run_dir / RESOLVED_CONFIG
-    if not written.is_file() or written.read_text() != OmegaConf.to_yaml(cfg, resolve=True):
+    if not written.is_file() or provenance.config_only(written.read_text()) != OmegaConf.to_yaml(cfg, resolve=True):
         return None
     return finished_summary(run_dir, int(cfg.steps))
 
 
 def run(cfg: DictConfig) -> float:
-    """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers)."""
+    """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers). Every
+    summary.json it writes, and its config_resolved.yaml, carry the job's provenance."""
+    hc = HydraConfig.get()
+    threads = None
+    try:
+        threads = resolve_threads(to_config(cfg).hardware.torch_threads, hc.mode == RunMode.MULTIRUN)[0]
+    except Exception:  # noqa: BLE001 - _run meets the same error and records it (a failed summary, with provenance)
+        pass
+    uses_cuda = str(cfg.get("hardware", {}).get("device", "cpu")) != "cpu"
+    prov = provenance.collect(list(hc.overrides.task), uses_cuda=uses_cuda, threads=threads)
+    with provenance.recording(prov):
+        return _run(cfg, prov)
+
+
+def _run(cfg: DictConfig, prov: dict[str, Any]) -> float:
     from prorl_bench.engines.dispatch import train  # keeps `--help` and config errors fast
 
     hc = HydraConfig.get()
@@ -130,7 +145,7 @@ def run(cfg: DictConfig) -> float:
             cache,
             threads=threads,
             progress=conf.progress and not multirun,
-            resolved_config=OmegaConf.to_yaml(cfg, resolve=True),
+            resolved_config=provenance.config_text(OmegaConf.to_yaml(cfg, resolve=True), prov),
             stop_file=stop_file,
         )
     except Preempted as e:  # the trainer wrote a checkpoint and summary.json (status: preempted)
@@ -207,6 +222,7 @@ def main() -> None:
     SLURM launcher without SLURM is one line. Each is exit status 2 and nothing is written."""
     from prorl_bench.cli import preflight
 
+    provenance.remember_command()  # the launcher's workers record the command the user typed
     args = sys.argv[1:]
     problem = preflight.check(args)
     if problem:

@@ -14,6 +14,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from prorl_bench.run import provenance
+
 METRICS, EVENTS, VALIDATION, SUMMARY = "metrics.jsonl", "events.jsonl", "validation.jsonl", "summary.json"
 SAMPLES = "samples.jsonl"  # held-out prompts with every sampled completion, at each evaluation
 RESOLVED_CONFIG = "config_resolved.yaml"
@@ -56,6 +58,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``summary.json``; inside ``provenance.recording`` it carries the run's provenance (key ``provenance``)."""
+    prov = provenance.current()
+    if prov is not None and "provenance" not in summary:
+        summary = {**summary, "provenance": prov}
     atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(_clean(summary), indent=2) + "\n")
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from prorl_bench.sweeps import provenance_check
 from prorl_bench.sweeps.compare import COMPARED, compare_groups
 from prorl_bench.sweeps.grouping import (
     choose_baseline,
@@ -36,8 +37,9 @@ from prorl_bench.sweeps.grouping import (
     run_table,
     split_inconsistent_groups,
 )
-from prorl_bench.sweeps.markdown import PRINTED, Report, markdown_report
+from prorl_bench.sweeps.markdown import PRINTED, Report, markdown_report, markdown_table
 from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRICS
+from prorl_bench.sweeps.report import write_report
 from prorl_bench.sweeps.run_figures import COVERAGE_METRICS, ROUTE_METRICS
 from prorl_bench.sweeps.seed_plan import seed_plan, seed_plan_markdown
 from prorl_bench.sweeps.study import StudyConfig
@@ -56,6 +58,8 @@ class AggregateResult:
     figures: list[Path]
     comparisons: pd.DataFrame = field(default_factory=pd.DataFrame)
     study: StudyConfig | None = None
+    provenance_warnings: list[str] = field(default_factory=list)
+    report: Path | None = None  # report.html (report.py)
 
 
 def aggregate(
@@ -81,6 +85,11 @@ def aggregate(
     names = list(dict.fromkeys(groups["group"]))
     baseline, study, baseline_notes = choose_baseline(sweep, names, baseline, strict_baseline, study)
     notes += baseline_notes
+    summaries = {str(r.run_dir): r.summary for r in sweep.runs if r.run_dir}
+    prov_warnings, prov_header, prov_rows = provenance_check.check(
+        [(g, seed, summaries.get(d)) for g, seed, d in zip(runs["group"], runs["seed"], runs["run_dir"])]
+    )
+    notes = [f"WARNING: {w}" for w in prov_warnings] + notes  # said before any comparison
     source = {}  # block -> where its baseline runs come from, when several directories are read
     if len(sweep.dirs) > 1:
         for block in dict.fromkeys(runs["block"]):
@@ -103,6 +112,7 @@ def aggregate(
     md = markdown_report(report)
     plan = seed_plan(comparisons)  # seeds the next block needs per primary cell (empty without a study)
     md += seed_plan_markdown(plan)
+    md += f"\n### Provenance (per group)\n\n{markdown_table(prov_header, prov_rows)}\n"
     out = Path(out_dir) if out_dir else sweep.sweep_dir / OUT_SUBDIR
     out.mkdir(parents=True, exist_ok=True)
     if not plan.empty:
@@ -116,15 +126,21 @@ def aggregate(
         from prorl_bench.sweeps.plots import write_figures  # seaborn/matplotlib only when drawing
 
         paths = write_figures(sweep, runs, out, window=window, baseline=baseline)
-    return AggregateResult(sweep, runs, groups, md, out, paths, comparisons, study)
+    res = AggregateResult(sweep, runs, groups, md, out, paths, comparisons, study, prov_warnings)
+    res.report = write_report(res)  # report.html: the tables, figures inline, provenance, the commands
+    return res
 
 
 def print_result(res: AggregateResult, stream=None) -> None:
     stream = stream or sys.stdout
+    for w in res.provenance_warnings:
+        print(f"prorl-bench-aggregate: WARNING: {w}", file=sys.stderr)
     print(res.markdown, file=stream)
     print(f"[prorl-bench-aggregate] tables: {res.out_dir}/{{runs.csv,groups.csv,table.md}}", file=stream)
     for p in res.figures:
         print(f"[prorl-bench-aggregate] figure: {p}", file=stream)
+    if res.report is not None:
+        print(f"[prorl-bench-aggregate] report: {res.report}", file=stream)
     stream.flush()
 
 

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prorl_bench.run import provenance
 from prorl_bench.run.signals import STOP_FILE, write_stop_file
 from prorl_bench.sweeps.callback import SWEEP_DIR_FILE_ENV
 from prorl_bench.sweeps.sweepdir import SweepDirError, recorded_command, recorded_figures
@@ -199,6 +200,7 @@ def _jobs_started(sweep_dir: Path) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    provenance.remember_command(["prorl-bench-sweep", *args])  # what each job's provenance names as its command
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return 0
@@ -276,8 +278,9 @@ def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None)
     rc, sweep_dir, tail, stopped = run_sweep(args, cwd, n_jobs)
     if stopped is not None:
         rc = 128 + stopped
-    if rc == 0:
-        return 0  # the callback already printed the table and wrote the figures
+    if rc == 0:  # the callback already printed the table and wrote the figures and the report
+        _print_report(sweep_dir)
+        return 0
     if sweep_dir is None or not _jobs_started(sweep_dir):
         where = "before starting" if sweep_dir is None else f"before any job ran (sweep dir {sweep_dir})"
         print(f"prorl-bench-sweep: the multirun failed {where}, exit {rc}; its error:", file=sys.stderr)
@@ -291,6 +294,7 @@ def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None)
         print_result(aggregate(sweep_dir, figures=recorded_figures(sweep_dir)))  # as the multirun was told
     except SweepDirError as e:
         print(f"prorl-bench-sweep: {e}", file=sys.stderr)
+    _print_report(sweep_dir)
     left = scan(sweep_dir, n_jobs, ended=True)  # the multirun has exited: none of its jobs runs
     if stopped is not None or left.preempted or left.running or left.waiting:
         unfinished = left.total - left.done - left.failed
@@ -298,6 +302,16 @@ def _launch(args: list[str], cwd: Path | None = None, n_jobs: int | None = None)
               f"(completed jobs are skipped, preempted ones resume from their checkpoints):\n"
               f"    {resume_command(sweep_dir)}", file=sys.stderr)  # fmt: skip
     return rc
+
+
+def _print_report(sweep_dir: Path | None) -> None:
+    """The sweep's HTML report (written with its tables), as the last line a finished sweep prints."""
+    from prorl_bench.sweeps.aggregate import OUT_SUBDIR
+    from prorl_bench.sweeps.report import REPORT
+
+    path = None if sweep_dir is None else sweep_dir / OUT_SUBDIR / REPORT
+    if path is not None and path.is_file():
+        print(f"prorl-bench-sweep: report: {path}", flush=True)
 
 
 if __name__ == "__main__":
