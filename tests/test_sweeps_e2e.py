@@ -67,7 +67,11 @@ def test_failed_job_still_aggregates(failing_sweep):
     assert "| A1 | 1/1 ok |" in out and "| A2 | 1/1 ok |" in out
     assert "| B | 0/1 ok, 1 failed |" in out
     assert "ConfigError: invalid config value kl_estimator.placement='reward'" in out
-    assert "[prorl-bench-aggregate] figure:" in out.rstrip().splitlines()[-1], "the table/figures must end the output"
+    *_, figure, report_line, last = out.rstrip().splitlines()
+    assert "[prorl-bench-aggregate] figure:" in figure, "the table, figures and report end the output"
+    report = sweep_dir.resolve() / "aggregate" / "report.html"
+    assert report_line == f"[prorl-bench-aggregate] report: {report}" and report.is_file()
+    assert last == f"prorl-bench-sweep: report: {report}"  # a sweep ends by printing its report's path
     runs = pd.read_csv(sweep_dir / "aggregate" / "runs.csv").set_index("group")
     assert runs.loc["B", "status"] == "failed" and "variant B" in runs.loc["B", "error"]
     assert runs.loc["A1", "status"] == "completed" and runs.loc["A1", "steps_logged"] == 6
