@@ -117,6 +117,9 @@ class BenchRunCallback(TrainerCallback):
         if info is not None:
             reason = info.pop("reason")
             self.out.event(step, "reset", reason, **info)
+        # as native, an RL step's time includes its evaluation and its reset
+        row["time/step"] += row["time/eval"] + row["time/reset"]
+        row["time/ref_share"] = row["time/ref_logprob"] / row["time/step"] if row["time/step"] > 0 else 0.0
         self.out.metrics(row)
         self.history.append(row)
         every = self.cfg.checkpoint.every
