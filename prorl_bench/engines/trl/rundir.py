@@ -95,6 +95,7 @@ class BenchRunCallback(TrainerCallback):
         self.per = resets.per_rl_step
         self.ref = RefCounter(unwrap(trainer.ref_model, "module") if trainer.ref_model is not None else None)
         self.preempted_at: int | None = None
+        self._done = (0, 0)
         self._t0 = self._mark = time.perf_counter()
 
     def wall(self) -> float:
@@ -119,7 +120,9 @@ class BenchRunCallback(TrainerCallback):
             self.out.event(step, "reset", reason, **info)
         # as native, an RL step's time includes its evaluation and its reset
         row["time/step"] += row["time/eval"] + row["time/reset"]
-        row["time/ref_share"] = row["time/ref_logprob"] / row["time/step"] if row["time/step"] > 0 else 0.0
+        t = row["time/step"]
+        row["time/ref_share"] = row["time/ref_logprob"] / t if t > 0 else 0.0
+        row["throughput/tokens_per_s"], row["throughput/samples_per_s"] = self._done[0] / t, self._done[1] / t
         self.out.metrics(row)
         self.history.append(row)
         every = self.cfg.checkpoint.every
@@ -132,6 +135,7 @@ class BenchRunCallback(TrainerCallback):
 
     def metrics_row(self, step: int, logs: dict[str, Any], step_time: float) -> dict[str, Any]:
         rewards, success, lengths = (gather(x) for x in self.rewards.take())  # every process's share
+        self._done = (sum(lengths), len(lengths))  # completion tokens and samples of this RL step
         calls, tokens, ref_s = self.ref.take()
         r = torch.tensor(rewards, dtype=torch.float64)
         row: dict[str, Any] = {
