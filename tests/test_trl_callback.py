@@ -185,3 +185,23 @@ def test_no_reference_is_refused_when_resets_are_asked_for(model_dir):
     assert trainer.ref_model is None  # B: TRL loads no reference at beta = 0
     with pytest.raises(ValueError, match="needs a reference model"):
         ReferenceResetCallback(trainer, reset={"trigger": "periodic", "every": 1})
+
+
+def _logps(trainer, model) -> torch.Tensor:
+    """Per-token log-probs of IDS's last 4 tokens as TRL computes them for its KL term."""
+    with torch.no_grad():
+        return trainer._get_per_token_logps_and_entropies(model, IDS, torch.ones_like(IDS), 4)[0]
+
+
+def test_engine_reference_starts_as_the_given_policy_not_the_directory(model_dir):
+    """TRL loads ref_model from the model's directory; the engine hands TRL a policy changed in memory
+    (the bench's warm-up), so it copies that policy into the reference before training."""
+    from prorl_bench.engines.trl.run import align_reference
+
+    trainer = _trainer(model_dir)
+    with torch.no_grad():  # the in-memory policy differs from the directory's weights (as after a warm-up)
+        for p in trainer.model.parameters():
+            p.mul_(1.5)
+    assert not torch.equal(_logps(trainer, trainer.model), _logps(trainer, trainer.ref_model))
+    align_reference(trainer)
+    assert torch.equal(_logps(trainer, trainer.model), _logps(trainer, trainer.ref_model))

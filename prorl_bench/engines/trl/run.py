@@ -22,9 +22,10 @@ import torch
 
 from prorl_bench.config import Config, ConfigError, HFImpl
 from prorl_bench.engines.trl.build import RewardLog, bench_reward, grpo_args, peft_config, prompt_dataset
-from prorl_bench.engines.trl.callback import ReferenceResetCallback
+from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
 from prorl_bench.engines.trl.rundir import BENCH_STATE, BenchRunCallback
 from prorl_bench.models.hf_model import HFCausalLMPolicy
+from prorl_bench.rl.resets import reset_reference
 from prorl_bench.run.checkpoint import (
     config_dict,
     config_diff,
@@ -112,6 +113,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     args = grpo_args(cfg, run_dir / TRL_DIR, task.max_completion_len, processes=_processes())
     trainer = GRPOTrainer(model=policy.hf, reward_funcs=bench_reward(task, tok, problems, rewards), args=args,
                           train_dataset=data, processing_class=tok.hf, peft_config=peft_config(cfg))  # fmt: skip
+    align_reference(trainer)
     trainer.remove_callback(PrinterCallback)  # TRL's log dicts on stdout: the bench writes metrics.jsonl
     resets = ReferenceResetCallback(trainer, cfg.reset if cfg.variant.resets else {"trigger": "none"},
                                     cfg.opt_reset, lr_warmup_steps=cfg.algo.lr_warmup_steps)  # fmt: skip
@@ -148,6 +150,15 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
         return summary
     finally:
         out.close()
+
+
+def align_reference(trainer: Any) -> None:
+    """The reference starts as the policy TRL was given. TRL loads its ``ref_model`` from the model's
+    directory (``config._name_or_path``), so a policy changed in memory — the bench's warm-up — would
+    be trained against the directory's weights instead (a PEFT policy's reference, the base with its
+    adapters disabled, is the given model already)."""
+    if trainer.ref_model is not None:
+        reset_reference(unwrap(trainer.ref_model, "module"), unwrap(trainer.model, "module"))
 
 
 def _objective(cfg: Config) -> str:
