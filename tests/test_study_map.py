@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from prorl_bench.sweeps.study_map import verdict_word
+from prorl_bench.sweeps.study_map import main, verdict_word
 
 from .sweep_factory import metric_rows, write_run
 
@@ -54,9 +54,9 @@ def test_the_map_collects_verdicts_and_replication_per_stratum(tmp_path):
     assert (root / "map.png").stat().st_size > 0 and (root / "lr0.001" / "aggregate" / "seed_plan.csv").exists()
 
 
-def test_an_empty_root_fails_loudly(tmp_path):
-    out = subprocess.run([MAP, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 2 and "no <stratum>/explore|confirm/<date>" in out.stderr
+def test_an_empty_root_fails_loudly(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2  # in-process: the entry point's own function (the subprocess test above)
+    assert "no <stratum>/explore|confirm/<date>" in capsys.readouterr().err
 
 
 def test_verdict_words_follow_the_direction():
