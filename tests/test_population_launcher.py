@@ -65,6 +65,16 @@ def test_dry_run_says_which_jobs_batch_and_why_others_cannot(tmp_path):
     assert not (tmp_path / "sw").exists() or not any((tmp_path / "sw").rglob("metrics.jsonl"))
 
 
+def test_populations_never_leave_a_worker_idle(tmp_path):
+    """4 seeds, the default size 16, 2 workers: two populations of 2 (one of 4 would run on one core
+    while joblib ran two jobs at once); 2 seeds: two single jobs, joblib's plan."""
+    for seeds, want in (("0,1,2,3", "2 populations, 0 single jobs"), ("0,1", "0 populations, 2 single jobs")):
+        out = subprocess.run(_cmd(tmp_path / "sw", tmp_path / "cache", f"seed={seeds}", "hydra.launcher.dry_run=true"),
+                             env=_env(), capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.splitlines()[-1] == want, out.stdout
+
+
 def _metrics(d: Path) -> list[dict]:
     return strip_timing([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()])
 

@@ -53,7 +53,7 @@ def check(args: Sequence[str]) -> str | None:
     if problem:
         return problem
     if flags & MULTIRUN:
-        return slurm_problem(overrides)
+        return ray_problem(overrides) or slurm_problem(overrides)
     if flags & INFO_FLAGS:
         return None
     return validate_single_run(overrides)
@@ -102,6 +102,20 @@ def validate_single_run(overrides: list[str]) -> str | None:
     except ConfigError as e:
         return f"prorl-bench: config error: {e}"
     return None
+
+
+def ray_problem(args: Sequence[str], prog: str = "prorl-bench") -> str | None:
+    """One line when ``hydra/launcher=ray`` is asked for and the ``ray`` extra is not installed (Hydra's
+    own message would be "Could not find 'hydra/launcher/ray'"); None otherwise."""
+    from importlib.util import find_spec
+
+    wanted = any(a.lstrip("+~").replace(" ", "") == "hydra/launcher=ray" for a in args)
+    if not wanted or find_spec("hydra_plugins.hydra_ray_launcher") is not None:
+        return None
+    return (
+        f"{prog}: hydra/launcher=ray needs the ray extra (Hydra's Ray launcher): pip install -e '.[ray]' "
+        "in a checkout, or pip install 'prorl-bench[ray]'; nothing was run"
+    )
 
 
 def slurm_problem(args: Sequence[str], prog: str = "prorl-bench") -> str | None:

@@ -208,7 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return subprocess.call([sys.executable, "-m", "prorl_bench.cli.app", *args])
     from prorl_bench.cli import preflight  # TRL / verl names and typos, SLURM without SLURM: before Hydra
 
-    problem = preflight.names_problem(args, "prorl-bench-sweep") or preflight.slurm_problem(args, "prorl-bench-sweep")
+    prog = "prorl-bench-sweep"
+    problem = (
+        preflight.names_problem(args, prog) or preflight.ray_problem(args, prog) or preflight.slurm_problem(args, prog)
+    )
     if problem:
         print(problem, file=sys.stderr)
         return 2
