@@ -60,7 +60,7 @@ def test_a_ray_sweep_fails_a_job_stops_and_resumes(tmp_path, base_cache):
         *FAST,
         "steps=40",
         "checkpoint.every=2",
-        "variant=A1,B",
+        "variant=B,A1",  # B (k1 in the reward is invalid) runs first and fails; A1 is stopped mid-run
         "kl_estimator=k1",
         "seed=0,1",
         "hydra/launcher=ray",
@@ -68,7 +68,7 @@ def test_a_ray_sweep_fails_a_job_stops_and_resumes(tmp_path, base_cache):
         f"hydra.sweep.dir={sweep}",
         f"warmup.cache_dir={base_cache}",
         "hydra.callbacks.aggregate.figures=false",
-    ]  # fmt: skip  (variant B with k1 in the reward is invalid: those two jobs fail when they run)
+    ]  # fmt: skip  (variant B with k1 in the reward is invalid: those two jobs run first and fail)
     proc = subprocess.Popen([SWEEP, *args], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
