@@ -326,6 +326,9 @@ def test_member_failing_a_guard_is_dropped_alone(tmp_path, base_cache, monkeypat
     assert isinstance(results[1], FloatingPointError)
     dropped = json.loads((tmp_path / "pop1" / "summary.json").read_text())
     assert dropped["status"] == "failed" and dropped["population"]["dropped"] is True
+    for s in seeds:  # every member records its provenance, the dropped one too (run/provenance.py)
+        summary = json.loads((tmp_path / f"pop{s}" / "summary.json").read_text())
+        assert summary["provenance"]["torch"]["num_threads"] == 1
     assert "non-finite values in 'loss/total' at step 2" in dropped["error"]
     for s in (0, 2):
         _assert_member_equals_single(tmp_path / f"pop{s}", tmp_path / f"single{s}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from prorl_bench.config import AdapterKind, Config, ConfigError, GrowthKind, ModelKind
 from prorl_bench.population.lockstep import Lockstep
+from prorl_bench.run import provenance
 from prorl_bench.run.checkpoint import _flatten, config_dict
 from prorl_bench.run.outputs import write_summary
 from prorl_bench.run.rundir import RunDirBusy, has_previous_run
@@ -121,6 +122,10 @@ def run_population(
 
     def member(job: MemberJob):
         def fn() -> dict[str, Any]:
+            with provenance.recording(provenance.collect(threads=threads)):  # each member thread its own
+                return train_member(job)
+
+        def train_member(job: MemberJob) -> dict[str, Any]:
             had_run = has_previous_run(job.run_dir)
             try:
                 return train(job.cfg, job.run_dir, cache_root, threads=threads, progress=False,
