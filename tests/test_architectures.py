@@ -51,8 +51,8 @@ def test_family_runs_c_with_reset_and_lora_growth_resumes_and_exports(family, ch
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from prorl_bench.cli.export import PEFT_DIR, export_policy, load_run
     from prorl_bench.models.lora import lora_layers
+    from prorl_bench.run.export import PEFT_DIR, export_policy, load_run
     from prorl_bench.run.trainer import train
 
     over = [*COMMON, f"model.path={checkpoints[family]}", f"adapter.targets={TARGETS[family]}"]
@@ -160,9 +160,9 @@ def test_peft_adapter_export_reloads_with_equal_logits_after_growth(family, targ
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from prorl_bench.cli.export import PEFT_DIR, export_policy
     from prorl_bench.models.hf_model import load_policy, load_tokenizer
     from prorl_bench.models.lora import attach_lora, grow_rank, lora_layers
+    from prorl_bench.run.export import PEFT_DIR, export_policy
 
     cfg = make_config([*COMMON, f"model.path={checkpoints[family]}", f"adapter.targets={targets}"])
     policy = load_policy(cfg.model, torch.device("cpu"), list(cfg.adapter.targets))

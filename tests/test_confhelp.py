@@ -41,8 +41,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from prorl_bench.cli import aliases  # noqa: E402
 from prorl_bench.cli.confhelp import _groups, check_overrides  # noqa: E402
+from prorl_bench.config import aliases  # noqa: E402
 from prorl_bench.searchpath import CONF_DIR  # noqa: E402
 
 
@@ -140,7 +140,7 @@ def test_cli_says_did_you_mean_before_hydra(tmp_path):
 
 def test_sweep_cli_says_did_you_mean_too(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prorl_bench.sweeps.sweep", "+sweep=ablation_small", "num_generations=4", "--dry-run"],
+        [sys.executable, "-m", "prorl_bench.cli.sweep", "+sweep=ablation_small", "num_generations=4", "--dry-run"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from prorl_bench.sweeps.sweep import plan_jobs, validate_jobs
+from prorl_bench.cli.sweep import plan_jobs, validate_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "sweeps" / "README.md"]

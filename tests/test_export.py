@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from prorl_bench.cli.export import export_hf, export_native, load_native, load_run, main  # noqa: E402
+from prorl_bench.cli.export import main  # noqa: E402
 from prorl_bench.config import (  # noqa: E402
     AdapterConfig,
     AdapterKind,
@@ -20,6 +20,7 @@ from prorl_bench.config import (  # noqa: E402
     TaskConfig,
     VariantConfig,
 )
+from prorl_bench.run.export import export_hf, export_native, load_native, load_run
 from prorl_bench.run.trainer import train  # noqa: E402
 
 
@@ -110,8 +111,8 @@ def test_export_without_checkpoint_fails_loudly(tmp_path, capsys):
 def test_export_refuses_non_finite_weights(tmp_path, capsys):
     """A checkpoint whose weights hold NaN (a diverged run, checksum intact): a named error, exit 2, and
     nothing written to the output directory."""
-    from prorl_bench.cli.export import NonFiniteWeightsError, export_run
     from prorl_bench.run.checkpoint import checkpoint_paths, load_verified, save_verified
+    from prorl_bench.run.export import NonFiniteWeightsError, export_run
 
     cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
     cfg.warmup.enabled = False

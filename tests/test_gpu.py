@@ -38,7 +38,7 @@ def test_every_variant_runs_in_bf16_on_cuda(variant, tiny_hf_dir, tmp_path):
 def test_lora_growth_resume_and_export_on_cuda(tiny_hf_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from prorl_bench.cli.export import export_run, load_run
+    from prorl_bench.run.export import export_run, load_run
     from prorl_bench.run.trainer import train
 
     over = [*GPU, f"model.path={tiny_hf_dir}", "variant=C", "reset=periodic", "reset.every=2", "adapter=lora",

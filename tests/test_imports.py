@@ -1,4 +1,6 @@
-"""The package has no import cycles, at module level or through imports inside functions.
+"""The package has no import cycles, and every import points down the layers (``LAYERS`` below,
+lowest first: errors, searchpath -> registry -> config, extras -> models -> tasks -> rl -> run ->
+engines -> sweeps | population -> cli), at module level or through imports inside functions.
 
 A function-level ("lazy") import only hides a cycle from the interpreter at import time: the two
 modules still depend on each other. The graph below is built from the AST of every module with
@@ -102,23 +104,68 @@ def test_no_import_cycles_through_function_level_imports():
     assert _cycles(_graph()) == []
 
 
-LOWER = ("prorl_bench.rl", "prorl_bench.models", "prorl_bench.tasks")
-UPPER = ("prorl_bench.run", "prorl_bench.sweeps", "prorl_bench.cli", "prorl_bench.population")
+# The layers, lowest first. A module may import its own package and any package of a lower layer;
+# packages of one layer are independent of each other (the applications at the top never import one
+# another: their shared pieces live below them).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "searchpath"),  # leaves: NonFiniteError, where the YAML lives
+    ("registry",),  # option registries, their params and metadata, plugins
+    ("config", "extras"),  # the schema (with the study schema, metric names, TRL/verl names); pip extras
+    ("models",),  # policies and everything that samples from them
+    ("tasks",),  # tasks with verifiable rewards (they tokenize with models.tokenizers)
+    ("rl",),  # the RL mathematics, references, resets, optimizer state
+    ("run",),  # one run, start to finish (the trainer, its phases, export, records)
+    ("engines",),  # other training engines (TRL) behind the same run directory
+    ("sweeps", "population"),  # many runs: aggregation and studies; seed populations in lockstep
+    ("cli",),  # the command-line entry points (prorl-bench, -sweep, -export, -sample)
+)
+
+
+def _layer(module: str) -> tuple[int, str] | None:
+    """(layer index, top-level package) of a ``prorl_bench`` module; None for the package itself."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    for i, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return i, parts[1]
+    raise AssertionError(f"{module}: prorl_bench.{parts[1]} is in no layer of LAYERS (add it where it belongs)")
 
 
 def _violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    def under(name: str, roots: tuple[str, ...]) -> bool:
-        return any(name == r or name.startswith(r + ".") for r in roots)
+    """Every edge that does not point down: into a higher layer, or into another package of its own layer."""
+    bad = []
+    for m, deps in graph.items():
+        src = _layer(m)
+        for d in deps:
+            dst = _layer(d)
+            if src is None or dst is None or dst[1] == src[1]:
+                continue
+            if dst[0] >= src[0]:
+                bad.append((m, d))
+    return sorted(bad)
 
-    return sorted((m, d) for m, deps in graph.items() if under(m, LOWER) for d in deps if under(d, UPPER))
+
+def test_every_package_has_a_layer():
+    """A new subpackage must be placed in LAYERS (the order below) before it can be imported from."""
+    tops = {
+        p.stem if p.is_file() else p.name for p in PKG.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+    }
+    tops -= {"__init__"}
+    placed = {name for names in LAYERS for name in names}
+    assert tops <= placed, f"packages without a layer: {sorted(tops - placed)}"
 
 
 def test_layers():
-    """The mathematics, the policies and the tasks never import the run, the sweeps, the populations
-    or the command line (docs/design.md "Where things live"), not even inside a function."""
+    """Every import points down the layers (docs/design.md "Where things live"), at module level and
+    inside functions: errors, searchpath -> registry -> config, extras -> models -> tasks -> rl -> run
+    -> engines -> sweeps | population -> cli."""
     assert _violations({"prorl_bench.rl.kl": {"prorl_bench.run.guards"}}) == [
         ("prorl_bench.rl.kl", "prorl_bench.run.guards")
     ]
+    assert _violations({"prorl_bench.sweeps.sweep": {"prorl_bench.population.runner"}}) != []  # one layer: independent
+    assert _violations({"prorl_bench.cli.app": {"prorl_bench.run.trainer", "prorl_bench.cli.export"}}) == []
+    assert _violations(_graph(module_level_only=True)) == []
     assert _violations(_graph()) == []
 
 
@@ -130,7 +177,7 @@ def test_sweep_wrapper_and_aggregator_do_not_import_torch():
     import sys
 
     code = (
-        "import sys; import prorl_bench.sweeps.sweep, prorl_bench.sweeps.aggregate, prorl_bench.sweeps.plots; "
+        "import sys; import prorl_bench.cli.sweep, prorl_bench.sweeps.aggregate, prorl_bench.sweeps.plots; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:3])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -138,7 +185,7 @@ def test_sweep_wrapper_and_aggregator_do_not_import_torch():
     # the wrapper itself tables only a failed or stopped sweep (a finished one is tabled by the
     # multirun's callback): the aggregator and scipy (0.9 s) are imported only then
     heavy = "('scipy', 'prorl_bench.sweeps.aggregate')"
-    code = f"import sys, prorl_bench.sweeps.sweep; print([m for m in {heavy} if m in sys.modules])"
+    code = f"import sys, prorl_bench.cli.sweep; print([m for m in {heavy} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"the sweep wrapper imports the aggregator at start: {out}"
 

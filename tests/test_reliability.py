@@ -159,9 +159,9 @@ def test_injected_nan_fails_the_run_and_the_aggregator_marks_it_failed(tmp_path,
     app writes it), and the aggregator lists it as failed beside the completed run."""
     import prorl_bench.run.phases as phases
     import prorl_bench.run.trainer as trainer
-    from prorl_bench.cli.app import failed_summary
     from prorl_bench.run.guards import NonFiniteError
     from prorl_bench.run.outputs import write_summary
+    from prorl_bench.run.record import failed_summary
     from prorl_bench.sweeps.grouping import run_table
     from prorl_bench.sweeps.sweepdir import load_sweep
 

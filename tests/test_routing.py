@@ -269,8 +269,9 @@ def _logits(policy, tok, prompts=("R123=", "R98765=")):
 def test_sample_and_export_a_routed_run(run_exp, tmp_path, capsys):
     """prorl-bench-sample / -export on a routed run dir: --mode and --scales pick the adapter scales;
     an export at (1, 0) has the logits of the run's policy with the forget adapter ablated."""
-    from prorl_bench.cli.export import load_native, load_run, main, sample_main
+    from prorl_bench.cli.export import main, sample_main
     from prorl_bench.models.dual_lora import adapter_scales, dual_layers, fold_dual
+    from prorl_bench.run.export import load_native, load_run
 
     _, run_dir = run_exp([*ROUTED, "steps=3", "eval_every=3", "algo.lr=0.05"], "routed")
     policy, tok, cfg, step = load_run(run_dir)
@@ -315,7 +316,7 @@ def test_scales_on_a_run_without_dual_adapters_fail_loudly(run_exp, capsys):
 
 
 def test_dual_adapters_are_not_exported_silently(tmp_path):
-    from prorl_bench.cli.export import export_policy
+    from prorl_bench.run.export import export_policy
 
     cfg = make_config(["adapter=dual_lora"])
     with pytest.raises(ConfigError, match="dual_lora"):

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from prorl_bench.cli.sweep import plan_jobs
 from prorl_bench.config import register_configs, to_config
+from prorl_bench.config.study import StudyConfig, study_from_dict
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import CONF_DIR, SWEEPS_DIR
-from prorl_bench.sweeps.study import StudyConfig, study_from_dict
-from prorl_bench.sweeps.sweep import plan_jobs
 
 register_configs()
 STUDIES = [

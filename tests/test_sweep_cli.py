@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import FAST
 
-SWEEP = [sys.executable, "-m", "prorl_bench.sweeps.sweep"]
+SWEEP = [sys.executable, "-m", "prorl_bench.cli.sweep"]
 
 
 # Subprocess limits are hang guards only, far above any run time on a loaded 2-core machine: a test
@@ -263,7 +263,7 @@ def test_ctrl_c_then_resume_finishes_the_sweep_in_place(tmp_path, base_cache):
 
 def test_resume_refuses_what_it_cannot_do(tmp_path, capsys):
     """--resume needs a multirun directory, and adds only launcher settings to the recorded jobs."""
-    from prorl_bench.sweeps.sweep import main
+    from prorl_bench.cli.sweep import main
 
     assert main(["--resume", str(tmp_path)]) == 2
     assert "multirun.yaml not found" in capsys.readouterr().err
@@ -283,7 +283,7 @@ def test_resume_replays_the_recorded_command(tmp_path):
     replaces its recorded value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from prorl_bench.sweeps.sweep import resume_args
+    from prorl_bench.cli.sweep import resume_args
 
     sweep_dir = tmp_path / "a dir, with=odd 'chars'"
     sweep_dir.mkdir()
@@ -305,9 +305,9 @@ def test_validation_shares_a_composition_across_seeds_and_keeps_each_jobs_verdic
     import hydra
     from hydra import compose, initialize_config_dir
 
+    from prorl_bench.cli import sweep
     from prorl_bench.config import to_config
     from prorl_bench.searchpath import CONF_DIR
-    from prorl_bench.sweeps import sweep
 
     # seeds 14-16 against a block of 0-15 (16 is refused), a bad lr (every seed refused), a seed that is no integer
     jobs = sweep.plan_jobs(["+sweep=routing_oversight", "+arm=route_dual,route_filter", "seed=14,15,16",

@@ -45,7 +45,7 @@ def failing_sweep(tmp_path_factory, sweep_cache):
     sweep_dir = tmp / "sweep"
     args = [
         "-m",
-        "prorl_bench.sweeps.sweep",
+        "prorl_bench.cli.sweep",
         "--no-validate",  # B with k1 in the reward is invalid: here it must fail as a job, at run time
         "+sweep=ablation",
         "+arm=A1,A2,B",
@@ -179,7 +179,7 @@ def test_a_study_grid_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache):
     """+sweep=adam_step_hazard, 2 seeds x 4 arms x 6 steps: every job completes, the table is paired
     against the study's own baseline and states n."""
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "prorl_bench.sweeps.sweep", "+sweep=adam_step_hazard", "seed=0,1"]
+    args = ["-m", "prorl_bench.cli.sweep", "+sweep=adam_step_hazard", "seed=0,1"]
     # one joblib job at a time, in the multirun process: no loky workers to start (4 s of CPU each)
     args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=1", f"warmup.cache_dir={sweep_cache}", *TINY]
     args += ["reset.every=2", "eval.n_samples=4", "eval.ks=[1,4]"]
@@ -198,7 +198,7 @@ def test_the_routing_study_runs_end_to_end_at_reduced_size(tmp_path, sweep_cache
     """+sweep=routing, 2 seeds x 2 arms x 6 steps: the table has the routing columns and pairs the
     routed arm with the plain LoRA of equal rank; the routing figure is drawn."""
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "prorl_bench.sweeps.sweep", "+sweep=routing", "seed=0,1"]
+    args = ["-m", "prorl_bench.cli.sweep", "+sweep=routing", "seed=0,1"]
     # one joblib job at a time, in the multirun process: no loky workers to start (4 s of CPU each)
     args += [f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.n_jobs=1", f"warmup.cache_dir={sweep_cache}", *TINY]
     args += ["eval.n_samples=4", "eval.ks=[1,4]"]

@@ -1,1 +1,1 @@
-"""Command-line entry points: the training app, export, sampling, config help and name translation."""
+"""Command-line entry points: the training app, the sweep wrapper, export, sampling, help and preflight checks."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from prorl_bench.cli.confhelp import register_help
 from prorl_bench.config import ConfigError, register_configs, to_config
 from prorl_bench.run import provenance
 from prorl_bench.run.outputs import SAMPLES, read_jsonl, write_summary
-from prorl_bench.run.record import RecordSnapshot, drop_finished_copies
+from prorl_bench.run.record import RecordSnapshot, drop_finished_copies, failed_summary
 from prorl_bench.run.rundir import RunDirBusy, has_previous_run
 from prorl_bench.run.signals import STOP_FILE, Preempted, SweepStopped, ignore_stop_signals_between_jobs
 from prorl_bench.run.threads import resolve_threads
@@ -37,14 +36,6 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (re-running the same command resum
 # conf/ lives at the repository top level (the documented layout); an absolute path keeps Hydra from
 # resolving it as a Python module relative to this package.
 CONF_DIR = str(searchpath.CONF_DIR)  # the checkout's conf/, or the copy a wheel ships
-
-
-def failed_summary(error: BaseException) -> dict[str, Any]:
-    return {
-        "status": "failed",
-        "error": f"{type(error).__name__}: {error}",
-        "traceback": "".join(traceback.format_exception(error)),
-    }
 
 
 class DiskFull(OSError):

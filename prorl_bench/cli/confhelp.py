@@ -130,13 +130,13 @@ def check_overrides(args: list[str]) -> tuple[list[str], list[str]]:
 
     ``args``: a command line; flags and their values are not overrides and pass through in place.
     Returns ``(problems, corrected)``: one message per key the bench does not have — a TRL or verl
-    name gets its translation with the value carried over (``prorl_bench.cli.aliases``), another
+    name gets its translation with the value carried over (``prorl_bench.config.aliases``), another
     unknown key the closest keys by spelling — and the command line with every translation applied
     (empty ``problems``: nothing to say). With or without ``+``: Hydra would otherwise stop at
     "Key 'learning_rate' is not in struct" (no ``+``) or add the key (``+``)."""
     import difflib
 
-    from prorl_bench.cli import aliases
+    from prorl_bench.config import aliases
 
     groups = _groups()
     root = config_module.Config()  # the schema with its defaults (sections are dataclass instances)

@@ -18,10 +18,10 @@ from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
 from prorl_bench.config.model import AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
 from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
 from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
+from prorl_bench.config.study import StudyConfig
 from prorl_bench.config.task import TaskConfig
 from prorl_bench.registry import ConfigError
 from prorl_bench.searchpath import register_resolvers
-from prorl_bench.sweeps.study import StudyConfig
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
@@ -245,7 +245,7 @@ def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
 def _suggest(path: str, value: Any = None) -> str:
     import difflib
 
-    from prorl_bench.cli.aliases import translate  # TRL / verl names: one table, also used before Hydra
+    from prorl_bench.config.aliases import translate  # TRL / verl names: one table, also used before Hydra
 
     hint = translate(path, str(value), {}, frozenset(f.name for f in fields(Config)))
     if hint is not None:

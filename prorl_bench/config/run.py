@@ -28,7 +28,7 @@ class GuardConfig:
 
 @dataclass
 class ExportConfig:
-    """``at_end``: export the final policy to ``<run_dir>/export`` (format: prorl_bench/cli/export.py)."""
+    """``at_end``: export the final policy to ``<run_dir>/export`` (format: prorl_bench/run/export.py)."""
 
     at_end: bool = False  # export the final policy to <run_dir>/export
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from prorl_bench import registry
+from prorl_bench.config.chat_template import resolve_chat_template
 from prorl_bench.config.enums import PromptStyle, RewardKind
-from prorl_bench.models.chat_template import resolve_chat_template
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from prorl_bench.config import ConfigError, HFImpl, ModelConfig
-from prorl_bench.models.chat_template import resolve_chat_template
+from prorl_bench.config.chat_template import resolve_chat_template
 from prorl_bench.models.lora import matmul_params
 from prorl_bench.models.model import positions
 

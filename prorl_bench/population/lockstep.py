@@ -9,8 +9,9 @@ objects alone. Two things make the members one computation:
   only where it asks to sample; its global RNG states (torch, ``random``) are saved there and put
   back when it resumes, so no member can see another's global generator. The process does the work
   of one thread at a time, as S single-thread runs would.
-* **sampling is a barrier**: every ``rollout.generate`` call of a member thread is held until every
-  live member waits on one; then the waiting requests are sampled together
+* **sampling is a barrier**: every sampling call of a member thread's run is held until every live
+  member waits on one (a run samples through the sampler its context injects, ``run/sampler.py``;
+  each member thread sets it to this barrier, so no module is patched); then the waiting requests are sampled together
   (``sampling.generate_population``: one (S, B) batch per group of equal signatures) and each member
   continues with its own rollout. A member whose request cannot be batched (not a plain native
   policy) samples alone. If a batch raises, its generators are rewound and each member samples
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +40,7 @@ import torch
 
 from prorl_bench.models import rollout
 from prorl_bench.population.sampling import SampleRequest, generate_population
+from prorl_bench.run.sampler import SAMPLER
 
 _ORIGINAL_GENERATE = rollout.generate
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
@@ -167,6 +168,7 @@ class Lockstep:
 
         def body(i: int) -> None:
             _local.member, _local.pop = i, self
+            SAMPLER.set(_generate)  # this thread's runs sample through the barrier (run/sampler.py)
             self._acquire(i)
             try:
                 results[i] = fns[i]()
@@ -177,7 +179,7 @@ class Lockstep:
                     self._give_up_token(i, "done")
 
         threads = [threading.Thread(target=body, args=(i,), name=f"member-{i}", daemon=True) for i in range(self.size)]
-        with batched_generate():
+        with member_clocks():
             for t in threads:
                 t.start()
             for t in threads:
@@ -202,28 +204,27 @@ def _generate(*args, **kwargs):
     return pop.generate(_local.member, req)
 
 
-_patch_lock = threading.Lock()
-_patch_depth = 0
-
-
 @contextmanager
-def batched_generate() -> Iterator[None]:
-    """Route ``rollout.generate`` — under every name a loaded ``prorl_bench`` module imported it as —
-    through the member barrier while populations run in this process. Found by identity, not by
-    module name, so a refactor that moves the rollout phase to another module is still covered
-    (tests/test_population.py checks that sampling was batched)."""
-    global _patch_depth
-    with _patch_lock:
-        if _patch_depth == 0:
-            _set_generate(_ORIGINAL_GENERATE, _generate)
-        _patch_depth += 1
+def member_clocks() -> Iterator[None]:
+    """``accounting.py``'s clock is each member's own (``_MemberTime``) while populations run."""
+    import prorl_bench.run.accounting as accounting
+
+    global _clock_depth
+    with _clock_lock:
+        if _clock_depth == 0:
+            accounting.time = _MEMBER_TIME
+        _clock_depth += 1
     try:
         yield
     finally:
-        with _patch_lock:
-            _patch_depth -= 1
-            if _patch_depth == 0:
-                _set_generate(_generate, _ORIGINAL_GENERATE)
+        with _clock_lock:
+            _clock_depth -= 1
+            if _clock_depth == 0:
+                accounting.time = time
+
+
+_clock_lock = threading.Lock()
+_clock_depth = 0
 
 
 class _MemberTime:
@@ -240,17 +241,3 @@ class _MemberTime:
 
 
 _MEMBER_TIME = _MemberTime()
-
-
-def _set_generate(old, new) -> None:
-    import prorl_bench.run.accounting as accounting
-    import prorl_bench.run.evaluation  # noqa: F401  (callers of generate that must be loaded to be patched)
-    import prorl_bench.run.trainer  # noqa: F401
-
-    accounting.time = _MEMBER_TIME if new is _generate else time
-
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("prorl_bench.") and not name.startswith("prorl_bench.population"):
-            for attr, val in list(vars(mod).items()):
-                if val is old:
-                    setattr(mod, attr, new)

@@ -19,6 +19,7 @@ from prorl_bench.population.lockstep import Lockstep
 from prorl_bench.run import provenance
 from prorl_bench.run.checkpoint import _flatten, config_dict
 from prorl_bench.run.outputs import write_summary
+from prorl_bench.run.record import failed_summary
 from prorl_bench.run.rundir import RunDirBusy, has_previous_run
 from prorl_bench.run.signals import Preempted
 
@@ -147,8 +148,6 @@ def run_population(
 def _record_dropped(e: BaseException, run_dir: Path, had_run: bool, size: int) -> None:
     """A failed member's summary (as ``app.run`` writes one), marked as dropped from its population —
     unless writing would overwrite another run's record (a busy directory, a refused resume)."""
-    from prorl_bench.cli.app import failed_summary
-
     if isinstance(e, RunDirBusy) or (isinstance(e, ConfigError) and had_run):
         return
     Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -128,11 +128,13 @@ def validate(
     chunk: int,
     on_progress: Callable[[int, int], None] | None = None,
     base_correct: Sequence[int] | None = None,
+    sample: Callable[..., Rollout] = generate,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Validation row (keys above) and the readable sample rows. ``chunk``: sequences per generate call.
     ``on_progress(done, total)``: called after each generate call, in sequences generated (the
     samples, then one greedy sequence per prompt). ``base_correct``: the base evaluation's correct
-    samples per prompt (``correct_counts``, same prompts, ``n_samples`` each): adds the coverage classes."""
+    samples per prompt (``correct_counts``, same prompts, ``n_samples`` each): adds the coverage classes.
+    ``sample``: the sampler (``rollout.generate``'s signature; a run passes its ``RunContext.sample``)."""
     was_training = policy.training
     policy.eval()
     n = n_samples
@@ -142,7 +144,7 @@ def validate(
     for s in range(0, len(flat), chunk):
         part = flat[s : s + chunk]
         ids, mask = tok.encode_prompts([p.prompt for p in part])
-        batch = generate(
+        batch = sample(
             policy, tok, ids.to(device), mask.to(device), task.max_completion_len, temperature, generator=generator
         )
         texts += completions(tok, batch)
@@ -157,7 +159,7 @@ def validate(
 
     ids, mask = tok.encode_prompts([p.prompt for p in problems])
     greedy = completions(
-        tok, generate(policy, tok, ids.to(device), mask.to(device), task.max_completion_len, 1.0, greedy=True)
+        tok, sample(policy, tok, ids.to(device), mask.to(device), task.max_completion_len, 1.0, greedy=True)
     )
     greedy_success = score(task, greedy, problems)[1]
     policy.train(was_training)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from prorl_bench.config import KLPlacement, LossAgg
-from prorl_bench.models.rollout import Rollout, chunked_logprobs, generate, token_logprobs
+from prorl_bench.models.rollout import Rollout, chunked_logprobs, token_logprobs
 from prorl_bench.rl.advantages import informative_groups
 from prorl_bench.rl.kl import kl_per_token, kl_tokens, reward_kl_tokens
 from prorl_bench.rl.losses import aggregate, clipped_surrogate, diagnostic_agg
@@ -83,7 +83,7 @@ def rollout(ctx: RunContext, s: RunState) -> tuple[list[Any], Rollout]:
     a = ctx.cfg.algo
     problems = [p for p in ctx.task.sample_train(s.rng, a.prompts_per_step) for _ in range(a.group_size)]
     prompt_ids, prompt_mask = ctx.tok.encode_prompts([p.prompt for p in problems])
-    batch = generate(
+    batch = ctx.sample(
         s.policy,
         ctx.tok,
         prompt_ids.to(ctx.device),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,15 @@ from prorl_bench.run.outputs import (
 )
 
 RECORD_FILES = (SUMMARY, RESOLVED_CONFIG, METRICS, EVENTS, VALIDATION, SAMPLES)
+
+
+def failed_summary(error: BaseException) -> dict[str, Any]:
+    """The ``summary.json`` of a run that ended in ``error`` (a single run, or a dropped population member)."""
+    return {
+        "status": "failed",
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+    }
 
 
 def _last_step(path: Path) -> int:

@@ -18,7 +18,7 @@ for the detached retain path (measured in benchmarks/bench_routing.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 
 from prorl_bench.config import Config, ConfigError, RouteAdvantages, RouteUse
 from prorl_bench.models.dual_lora import SCALE_MODES, adapter_scales, dual_layers, route_rows
-from prorl_bench.models.rollout import generate
+from prorl_bench.models.rollout import Rollout, generate
 from prorl_bench.rl.advantages import compute_advantages
 from prorl_bench.run.evaluation import completions, score_details
 from prorl_bench.run.passk import distinct_per_prompt, mean_pass_at_k
@@ -55,6 +55,7 @@ def route_eval(
     device: torch.device,
     chunk: int,
     n: int = ROUTE_SAMPLES,
+    sample: Callable[..., Rollout] = generate,
 ) -> dict[str, float]:
     """``route/<mode>/{success,hack_rate,pass@n,distinct_per_prompt}`` for every adapter mode (both, retain_only,
     forget_only) of a dual-adapter policy, or ``both`` alone for any other policy (the model as it
@@ -74,7 +75,7 @@ def route_eval(
             texts: list[str] = []
             for s in range(0, len(flat), chunk):
                 ids, mask = tok.encode_prompts([p.prompt for p in flat[s : s + chunk]])
-                batch = generate(
+                batch = sample(
                     policy, tok, ids.to(device), mask.to(device), task.max_completion_len, temperature,
                     generator=generator,
                 )  # fmt: skip

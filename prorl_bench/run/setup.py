@@ -28,6 +28,7 @@ from prorl_bench.run.lifecycle import RunState
 from prorl_bench.run.outputs import RESOLVED_CONFIG, atomic_write_text
 from prorl_bench.run.policies import build_tokenizer, load_base_policy
 from prorl_bench.run.routing import Router
+from prorl_bench.run.sampler import SAMPLER, Sampler
 from prorl_bench.run.signals import PreemptionFlag
 from prorl_bench.tasks.base import make_task
 
@@ -44,6 +45,7 @@ class RunContext:
     banned: tuple[int, ...]  # token ids never sampled (their logprobs are of the renormalised rest)
     task: Any
     mb_size: int  # rows per minibatch, and per chunk of the no-grad teacher-forced passes
+    sample: Sampler  # rollout.generate, or what the caller injected (run/sampler.py: a population's barrier)
     router: Router  # gradient routing's labels and what they do (routing.py); the identity without a detector
     base_model: torch.nn.Module | None  # a frozen snapshot of the base when the reference can move
     kl_in_loss: bool
@@ -83,6 +85,7 @@ def setup_run(
         banned=banned,
         task=task,
         mb_size=mb_size,
+        sample=SAMPLER.get(),
         router=router,
         base_model=base_model,
         kl_in_loss=cfg.kl_estimator.placement == KLPlacement.loss and a.beta > 0,

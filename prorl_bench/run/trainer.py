@@ -127,6 +127,6 @@ def _finish(ctx: RunContext, s: RunState, run: RunSession) -> dict[str, Any]:
 
 
 def _export(policy, cfg: Config, tok, run_dir: Path) -> str:
-    from prorl_bench.cli.export import export_policy  # transformers / safetensors only when exporting
+    from prorl_bench.run.export import export_policy  # transformers / safetensors only when exporting
 
     return str(export_policy(policy, cfg, tok, Path(run_dir) / "export"))

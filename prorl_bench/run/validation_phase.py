@@ -62,6 +62,7 @@ def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progres
         n_sample_prompts=prompts_to_write(step, cfg.steps, len(ctx.val_problems), e.n_sample_prompts),
         chunk=e.batch,
         on_progress=on_progress,
+        sample=ctx.sample,
         base_correct=s.base_correct if step > 0 else None,  # coverage classes against the base
     )
     if step == 0 and len(samples) == len(ctx.val_problems):  # the base evaluation writes every prompt
@@ -79,6 +80,7 @@ def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progres
                 generator=rgen,
                 device=device,
                 chunk=e.batch,
+                sample=ctx.sample,
             )
         )
     v = {"step": step, **v}

@@ -1,1 +1,1 @@
-"""Many runs: the sweep CLI, aggregation, statistics, studies and plots."""
+"""Many runs: sweep directories, aggregation, statistics, study maps and plots (`prorl-bench-sweep`: cli/sweep.py)."""

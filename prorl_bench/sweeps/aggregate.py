@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from prorl_bench.config.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRICS
+from prorl_bench.config.study import StudyConfig
 from prorl_bench.sweeps import provenance_check
 from prorl_bench.sweeps.compare import COMPARED, compare_groups
 from prorl_bench.sweeps.grouping import (
@@ -38,11 +40,9 @@ from prorl_bench.sweeps.grouping import (
     split_inconsistent_groups,
 )
 from prorl_bench.sweeps.markdown import PRINTED, Report, markdown_report, markdown_table
-from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRICS
 from prorl_bench.sweeps.report import write_report
 from prorl_bench.sweeps.run_figures import COVERAGE_METRICS, ROUTE_METRICS
 from prorl_bench.sweeps.seed_plan import seed_plan, seed_plan_markdown
-from prorl_bench.sweeps.study import StudyConfig
 from prorl_bench.sweeps.sweepdir import Sweep, SweepDirError
 
 OUT_SUBDIR = "aggregate"

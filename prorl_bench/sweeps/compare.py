@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from prorl_bench.config.metric_catalog import DEFAULT_WINDOW
+from prorl_bench.config.study import Endpoint, StudyConfig
 from prorl_bench.sweeps import stats
-from prorl_bench.sweeps.metric_catalog import DEFAULT_WINDOW
 from prorl_bench.sweeps.run_figures import column, event_steps
-from prorl_bench.sweeps.study import Endpoint, StudyConfig
 from prorl_bench.sweeps.sweepdir import RunRecord, Sweep, base_per_seed, pair_key
 
 # Paired comparisons against the baseline group: (metric, heading) in table order.

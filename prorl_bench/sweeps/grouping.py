@@ -15,11 +15,11 @@ from typing import Any
 
 import pandas as pd
 
+from prorl_bench.config.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES
+from prorl_bench.config.study import REQUIRED_BLOCKS, StudyConfig, study_from_dict
 from prorl_bench.registry import ConfigError
 from prorl_bench.sweeps import stats
-from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES
 from prorl_bench.sweeps.run_figures import run_metrics
-from prorl_bench.sweeps.study import REQUIRED_BLOCKS, StudyConfig, study_from_dict
 from prorl_bench.sweeps.sweepdir import (
     RunRecord,
     Sweep,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pandas as pd
 
+from prorl_bench.config.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES, METRICS
+from prorl_bench.config.study import REQUIRED_BLOCKS, StudyConfig
 from prorl_bench.sweeps import stats
 from prorl_bench.sweeps.compare import COMPARED
 from prorl_bench.sweeps.grouping import NO_BLOCK, STATUSES, Sweeps, block_rank, first_line
-from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES, METRICS
 from prorl_bench.sweeps.run_figures import largest_k
-from prorl_bench.sweeps.study import REQUIRED_BLOCKS, StudyConfig
 from prorl_bench.sweeps.sweepdir import Sweep
 
 EVENT_METRICS = ["post_reward", "post_success", "update_ratio", "eff_step_ratio", "kl_old_ratio", "v_norm_ratio"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
+from prorl_bench.config.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES
 from prorl_bench.sweeps import stats
-from prorl_bench.sweeps.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES
 from prorl_bench.sweeps.sweepdir import RunRecord, SweepDirError
 
 # routing columns (printed and compared when a sweep has them): metric -> validation key

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from prorl_bench.config.study import REQUIRED_BLOCKS
 from prorl_bench.sweeps import stats
 from prorl_bench.sweeps.aggregate import aggregate
 from prorl_bench.sweeps.markdown import fmt_value, markdown_table
-from prorl_bench.sweeps.study import REQUIRED_BLOCKS
 from prorl_bench.sweeps.sweepdir import SweepDirError
 
 COLUMNS = [

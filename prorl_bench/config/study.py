@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from prorl_bench.config.metric_catalog import METRIC_NAMES
 from prorl_bench.registry import ConfigError
-from prorl_bench.sweeps.metric_catalog import METRIC_NAMES
 
 REQUIRED_BLOCKS = ("explore", "confirm")
 
@@ -41,7 +41,7 @@ class Direction(str, Enum):
 class Endpoint:
     """One primary endpoint: a per-run metric, which way is better, the equivalence margin."""
 
-    metric: str = ""  # a column of runs.csv (prorl_bench/sweeps/metric_catalog.py: METRICS), e.g. val_pass1_final
+    metric: str = ""  # a column of runs.csv (prorl_bench/config/metric_catalog.py: METRICS), e.g. val_pass1_final
     direction: Direction | None = None  # higher | lower: which way is better (tests stay two-sided)
     margin: float | None = None  # equivalence margin in the metric's units; null: no equivalence claim
 
