@@ -78,7 +78,7 @@ def plan(
 
     A population runs on one core, so populations are never so large that a worker would sit idle:
     their size is at most ceil(batchable jobs / ``n_jobs``) (``balanced_size``). Without this, 4 seeds
-    with the default size 16 made one population on one core while joblib ran 2 jobs at once (0.5×)."""
+    with the default size 16 made one population on one core while joblib ran 2 jobs at once."""
     from prorl_bench.config import to_config
     from prorl_bench.population.runner import member_differences, population_blockers
 
