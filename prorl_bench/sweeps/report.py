@@ -150,7 +150,10 @@ def reproduce_commands(res: AggregateResult, out_dir: Path) -> list[str]:
     if len(commits) == 1:
         lines.append(f"git checkout {commits[0]}  # the bench's commit these runs were made from")
         if any(field(p, ("bench", "dirty")) for p in provs):
-            lines.append("# WARNING: some runs were made from a modified tree (bench.dirty): the commit alone differs")
+            lines.append(
+                "# WARNING: some runs were made from a modified tree (bench.dirty): "
+                "this commit alone does not reproduce them"
+            )
         lines.append("pip install -e '.[dev]'")
     elif commits:
         lines.append(f"# the runs come from {len(commits)} commits: {', '.join(c[:12] for c in commits)}")
