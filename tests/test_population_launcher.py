@@ -84,7 +84,7 @@ def test_population_killed_with_sigkill_resumes_to_the_single_runs(tmp_path, bas
     """SIGKILL the whole multirun once a member has checkpointed; the same command resumes every
     member, and each ends equal (metrics bit for bit) to an uninterrupted single run with its seed."""
     sweep, cache = tmp_path / "sw", base_cache  # the session's bases (file-locked; shared with other tests)
-    args = ("seed=0,1", "steps=8", "checkpoint.every=2")
+    args = ("seed=0,1", "steps=8", "checkpoint.every=2", "hydra.launcher.n_jobs=1")  # one worker: one population of 2
     proc = subprocess.Popen(_cmd(sweep, cache, *args), env=_env(), cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -107,6 +107,7 @@ def test_population_killed_with_sigkill_resumes_to_the_single_runs(tmp_path, bas
         events = [json.loads(x)["event"] for x in (run / "events.jsonl").read_text().splitlines()]
         seed = int(next(p for p in run.name.split(",") if p.startswith("seed=")).split("=")[1])
         single = tmp_path / f"single{seed}"
-        train(make_config([*FAST, *[a for a in args if not a.startswith("seed")], f"seed={seed}"]), single, cache)
+        job = [a for a in args if not a.startswith(("seed", "hydra."))]  # the job's own keys, not the launcher's
+        train(make_config([*FAST, *job, f"seed={seed}"]), single, cache)
         assert _metrics(run) == _metrics(single), run.name
         assert "resume" in events or events.count("start") == 1
