@@ -145,6 +145,7 @@ def test_trainer_reads_as_the_algorithm():
 
     run = Path(trainer.__file__).parent
     modules = ["trainer", "hardware", "setup", "phases", "validation_phase", "step_events", "diagnostics", "summary"]
+    modules += ["step_signals", "kl_measure", "sampler"]
     lengths = {}
     for name in modules:
         source = (run / f"{name}.py").read_text()
@@ -177,3 +178,41 @@ def test_deterministic_flag_is_set_without_importing_the_compiler(mode):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(mode), "True", "False"]  # warn_only=True in both modes, as torch sets it
+
+
+def test_no_decision_reads_the_metrics_row():
+    """The step-boundary decisions take typed signals (KLStats, ResetDecision), never the row: no
+    phase before ``metrics_row`` has a ``row`` parameter or reads a ``row[...]`` key."""
+    import ast
+    from pathlib import Path
+
+    import prorl_bench.run.trainer as trainer
+
+    run = Path(trainer.__file__).parent
+    for name in ("phases", "validation_phase", "step_events"):
+        tree = ast.parse((run / f"{name}.py").read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            assert "row" not in [a.arg for a in fn.args.args], f"{name}.{fn.name} takes the row"
+        reads = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "row"]
+        assert not reads, f"{name} reads the row at line {reads[0].lineno}"
+
+
+@pytest.mark.parametrize(
+    "over, want",
+    [
+        (["opt_reset=hard"], 0),  # a fresh optimizer: the run's own warm-up (0 here)
+        (["opt_reset=hard", "algo.lr_warmup_steps=4", "opt_reset.rewarmup_steps=2"], 4),  # the longer of both
+        (["opt_reset=hard", "algo.lr_warmup_steps=1", "opt_reset.rewarmup_steps=5"], 5),
+        (["opt_reset=keep"], None),  # the schedule goes on
+        (["opt_reset=soft", "opt_reset.rewarmup_steps=3"], 3),
+    ],
+)
+def test_lr_restart_rule(over, want):
+    """The LR-restart rule next to the transforms: a transform that resets Adam's step restarts the
+    schedule with max(run warm-up, re-warm-up); any other only with a re-warm-up > 0."""
+    from prorl_bench.run.step_events import lr_restart_warmup
+
+    from .conftest import make_config
+
+    cfg = make_config(over)
+    assert lr_restart_warmup(cfg.opt_reset, cfg.algo.lr_warmup_steps) == want

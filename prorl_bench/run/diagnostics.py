@@ -9,68 +9,75 @@ from typing import Any
 import torch
 
 from prorl_bench.config import Config
-from prorl_bench.rl.kl import k2_ref_over_old, kl_per_token, kl_tokens
-from prorl_bench.rl.losses import aggregate, diagnostic_agg
+from prorl_bench.rl.losses import diagnostic_agg
+from prorl_bench.run.kl_measure import K2_REF_OVER_OLD, mean_kl
 from prorl_bench.run.lifecycle import RunState
 from prorl_bench.run.phases import Advantages, Scored, Update
 from prorl_bench.run.setup import RunContext
+from prorl_bench.run.step_signals import GrowthDecision, KLStats, ResetDecision
+
+
+def step_kl(
+    ctx: RunContext, s: RunState, sc: Scored, logp_old: torch.Tensor, upd: Update, rows: torch.Tensor
+) -> KLStats:
+    """The step's KL signals, from the update's figures: to the reference over the updated rows (NaN
+    for variant B or when no row was trained), to pi_old, and to the base while the reference is it.
+
+    ``ref`` uses the configured estimator; ``ref_k1`` is the unbiased k1 estimate, comparable across
+    estimators; ``k2_ref_over_old`` is the ProRL v2 blog formula, a diagnostic only."""
+    kl_old, mask = upd.means()["kl/old"], sc.batch.completion_mask
+    if not s.ref.exists or len(rows) == 0:
+        ref = ref_k1 = k2 = float("nan")
+    else:
+        k = ctx.cfg.kl_estimator
+        lo, lr, m = logp_old[rows], upd.ref_rows[rows], mask[rows]
+        agg = diagnostic_agg(ctx.cfg.algo.loss_agg)
+        ref = float(mean_kl(k, lo, lr, m, agg))
+        ref_k1 = float(mean_kl("k1", lo, lr, m, agg, clamps=(k.log_ratio_clamp, k.kl_clamp)))
+        k2 = float(mean_kl(K2_REF_OVER_OLD, lo, lr, m, agg))
+    # KL to the initial base: kl/ref while the reference is the base; once it moved (a reset, or a
+    # moving strategy) it is measured at regular validation steps (validate_phase); B has no second model
+    return KLStats(ref, ref_k1, k2, kl_old, ref if s.ref.is_base else float("nan"))
 
 
 def metrics_row(
     ctx: RunContext,
-    s: RunState,
     sc: Scored,
-    logp_old: torch.Tensor,
     adv: Advantages,
     upd: Update,
+    kl: KLStats,
+    reset: ResetDecision,
+    growth: GrowthDecision,
     beta: float,
     step: int,
 ) -> dict[str, Any]:
-    """The step's metrics row (the step-boundary phases add validation, reset and growth fields)."""
-    mask, n = sc.batch.completion_mask, upd.n_mb
+    """The step's metrics row, built last from the phases' signals (no decision reads it)."""
+    mask = sc.batch.completion_mask
     row: dict[str, Any] = {
         "step": step,
         "reward/mean": float(sc.rewards.mean()),
         "reward/std": float(sc.rewards.std()),
         "success_rate": sum(sc.success) / len(sc.success),
-        **{k: (float(v) / n if n else float("nan")) for k, v in upd.sums.items()},
-        **_reference_kl(ctx.cfg, s.ref.exists, logp_old, upd.ref_rows, mask, adv.rows),
-    }
-    # KL to the initial base: kl/ref while the reference is the base; once it moved (a reset, or a
-    # moving strategy) it is measured at regular validation steps (validate_phase); B has no second model
-    row |= {
-        "kl/base": row["kl/ref"] if s.ref.is_base else float("nan"),
+        **upd.means(),
+        "kl/ref": kl.ref,
+        "kl/ref_k1": kl.ref_k1,
+        "kl/k2_ref_over_old": kl.k2_ref_over_old,
+        "kl/base": kl.base,
         "kl/beta": beta,
-        "lr": s.optimizer.param_groups[0]["lr"],
+        "lr": upd.lr,
         "update_norm": upd.update_norm,
         "response_len": float(mask.sum(-1).mean()),
         "ds/kept_frac": len(adv.rows) / len(sc.batch),
-        "guard/skipped": s.guard.skipped,
+        "guard/skipped": upd.skipped,
     }
     if hasattr(ctx.task, "step_metrics"):  # a task's own per-step figures (code: failure classes)
         row.update(ctx.task.step_metrics(sc.details))
     row.update(ctx.router.metrics())  # route/labelled_frac, route/detector/{recall,precision}
+    row["reset"] = int(reset.happened)
+    row["growth"] = int(growth.happened)
+    if growth.rank is not None:
+        row["adapter/rank"] = growth.rank
     return row
-
-
-def _reference_kl(
-    cfg: Config, has_ref: bool, logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor
-) -> dict[str, float]:
-    """KL of the behaviour policy to the reference over the updated rows (None for variant B).
-
-    ``kl/ref`` uses the configured estimator; ``kl/ref_k1`` is the unbiased k1 estimate, comparable
-    across estimators; ``kl/k2_ref_over_old`` is the ProRL v2 blog formula, a diagnostic only.
-    """
-    if not has_ref or len(rows) == 0:
-        return {"kl/ref": float("nan"), "kl/ref_k1": float("nan"), "kl/k2_ref_over_old": float("nan")}
-    k = cfg.kl_estimator
-    lo, lr, m = logp_old[rows], logp_ref[rows], mask[rows]
-    agg = diagnostic_agg(cfg.algo.loss_agg)
-    return {
-        "kl/ref": float(aggregate(kl_tokens(k, lo, lr), m, agg)),
-        "kl/ref_k1": float(aggregate(kl_per_token("k1", lo, lr, k.log_ratio_clamp, k.kl_clamp), m, agg)),
-        "kl/k2_ref_over_old": float(aggregate(k2_ref_over_old(lr, lo), m, agg)),
-    }
 
 
 NO_SIGNAL_STEPS = 10  # after this many steps of reward 0 on every sample, say so

@@ -12,13 +12,13 @@ import torch
 from prorl_bench.config import KLPlacement, LossAgg
 from prorl_bench.models.rollout import Rollout, chunked_logprobs, token_logprobs
 from prorl_bench.rl.advantages import informative_groups
-from prorl_bench.rl.kl import kl_per_token, kl_tokens, reward_kl_tokens
+from prorl_bench.rl.kl import kl_tokens, reward_kl_tokens
 from prorl_bench.rl.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.rl.optim import ParamSnapshot
 from prorl_bench.run.accounting import StepAccounting
 from prorl_bench.run.evaluation import completions, score_details
+from prorl_bench.run.kl_measure import mean_kl
 from prorl_bench.run.lifecycle import RunState
-from prorl_bench.run.routing import route_backward
 from prorl_bench.run.setup import RunContext
 
 
@@ -63,6 +63,12 @@ class Update:
     n_mb: int  # optimizer steps taken
     ref_rows: torch.Tensor  # (B, L) logp_ref as the update saw it (epoch 0); NaN on rows not trained
     update_norm: float  # L2 norm of the step's parameter change
+    lr: float  # the learning rate the step's optimizer steps used
+    skipped: int  # minibatches the guards have skipped so far in the run
+
+    def means(self) -> dict[str, float]:
+        """UPDATE_KEYS -> mean over the optimizer steps taken (NaN when none was taken)."""
+        return {k: (float(v) / self.n_mb if self.n_mb else float("nan")) for k, v in self.sums.items()}
 
 
 UPDATE_KEYS = ("loss/total", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "kl/old")
@@ -123,19 +129,35 @@ def advantages(
     """Advantages from the rewards (with the KL folded in when kl_estimator.placement=reward), and
     the rows the update trains on: dynamic sampling drops all-equal groups; a non-finite rollout
     (``finite`` False, or non-finite advantages under skip_batch) trains on none."""
-    a, k = ctx.cfg.algo, ctx.cfg.kl_estimator
+    a = ctx.cfg.algo
     shaped = ctx.router.shape_rewards(sc.rewards)  # route.use=penalize: labelled samples lose route.penalty
-    if k.placement == KLPlacement.reward and beta > 0:
-        logp_ref = s.ref.logp(torch.arange(len(sc.batch), device=ctx.device), sc.batch, ctx.acct)
-        kl_tok = reward_kl_tokens(k, logp_old, logp_ref)
-        shaped = shaped - beta * (kl_tok * sc.batch.completion_mask).sum(-1).view_as(sc.rewards)
+    shaped = _kl_in_reward(ctx, s, sc, logp_old, shaped, beta)
     adv, adv_retain = ctx.router.advantages(a.advantage, shaped, a.adv_eps, a.advantage_params)
     finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
-    everyone = torch.ones_like(sc.rewards[:, 0], dtype=torch.bool)
-    keep = informative_groups(sc.rewards) if a.dynamic_sampling else everyone
+    return Advantages(adv, _trained_rows(ctx, sc.rewards, finite), adv_retain)
+
+
+def _kl_in_reward(
+    ctx: RunContext, s: RunState, sc: Scored, logp_old: torch.Tensor, rewards: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """``kl_estimator.placement=reward``: rewards (N, G) minus beta x the sequence's summed per-token
+    KL penalty to the reference; the rewards unchanged otherwise (or at beta = 0)."""
+    k = ctx.cfg.kl_estimator
+    if k.placement != KLPlacement.reward or beta <= 0:
+        return rewards
+    logp_ref = s.ref.logp(torch.arange(len(sc.batch), device=ctx.device), sc.batch, ctx.acct)
+    kl_tok = reward_kl_tokens(k, logp_old, logp_ref)
+    return rewards - beta * (kl_tok * sc.batch.completion_mask).sum(-1).view_as(sc.rewards)
+
+
+def _trained_rows(ctx: RunContext, rewards: torch.Tensor, finite: bool) -> torch.Tensor:
+    """Indices (of the B sequences) the update trains on: dynamic sampling keeps informative groups
+    only, a non-finite rollout (skip_batch) keeps none, and gradient routing's filter drops labelled rows."""
+    a = ctx.cfg.algo
+    everyone = torch.ones_like(rewards[:, 0], dtype=torch.bool)
+    keep = informative_groups(rewards) if a.dynamic_sampling else everyone
     keep &= finite  # skip_batch: a non-finite rollout updates nothing
-    rows = ctx.router.update_rows(keep.repeat_interleave(a.group_size).nonzero().squeeze(-1))  # filter drops
-    return Advantages(adv, rows, adv_retain)
+    return ctx.router.update_rows(keep.repeat_interleave(a.group_size).nonzero().squeeze(-1))  # filter drops
 
 
 def ppo_update(
@@ -163,7 +185,8 @@ def ppo_update(
                 n_mb += 1
                 _accumulate(sums, mb, logp_old[idx], grad_norm, diagnostic_agg(a.loss_agg))
     s.guard.flush()
-    return Update(sums, n_mb, ref_rows, _update_norm(params_before, trainable))
+    lr = s.optimizer.param_groups[0]["lr"]
+    return Update(sums, n_mb, ref_rows, _update_norm(params_before, trainable), lr, s.guard.skipped)
 
 
 def minibatch_loss(
@@ -180,21 +203,19 @@ def minibatch_loss(
     with ctx.acct.stage("ref_logprob"):
         logp_ref = s.ref.logp(idx, mb, ctx.acct)  # A0: a fresh reference forward, here
     old = logp_old[idx]
-    pg_tok, clipped = clipped_surrogate(
-        logp, old, adv.adv[idx], a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c
-    )
-    pg = aggregate(pg_tok, mask, a.loss_agg, ctx.loss_norm_len)
+
+    def surrogate(adv_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The aggregated clipped surrogate for these rows' (b,) advantages, and its clip mask (b, L)."""
+        tok, clip = clipped_surrogate(logp, old, adv_rows, a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c)
+        return aggregate(tok, mask, a.loss_agg, ctx.loss_norm_len), clip
+
+    pg, clipped = surrogate(adv.adv[idx])
     kl_loss = torch.zeros((), device=ctx.device)
     if ctx.kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
         kl_loss = aggregate(kl_tokens(k, logp, s.ref.anchor(logp_ref, old)), mask, a.loss_agg, ctx.loss_norm_len)
     ent = aggregate(entropy, mask, a.loss_agg, ctx.loss_norm_len)
     loss = pg + beta * kl_loss - a.entropy_coef * ent
-    loss_retain = None
-    if adv.adv_retain is not None:  # split routing: the retain adapter's gradient comes from its own advantages
-        pg_retain_tok, _ = clipped_surrogate(
-            logp, old, adv.adv_retain[idx], a.eps_low, a.eps_high, k.log_ratio_clamp, a.clip_ratio_c
-        )
-        loss_retain = loss - pg + aggregate(pg_retain_tok, mask, a.loss_agg, ctx.loss_norm_len)
+    loss_retain = ctx.router.retain_loss(loss, pg, surrogate, adv.adv_retain, idx)  # split routing, else None
     return MinibatchLoss(loss, pg, kl_loss, ent, logp, clipped, mask, logp_ref, loss_retain)
 
 
@@ -206,7 +227,7 @@ def optimizer_step(
     s.optimizer.zero_grad(set_to_none=True)
     if not s.guard.ok(mb.loss, step, "update", "loss/total"):
         return None
-    route_backward(s.policy, mb.loss, mb.loss_retain)  # loss.backward(), or split routing's two gradients
+    ctx.router.backward(s.policy, mb.loss, mb.loss_retain)  # loss.backward(), or split routing's two gradients
     max_norm = ctx.cfg.algo.grad_clip if ctx.cfg.algo.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(s.policy.parameters(), max_norm)
     if not s.guard.ok(grad_norm, step, "update", "grad_norm"):
@@ -222,7 +243,7 @@ def _accumulate(
 ) -> None:
     """Add one optimizer step's figures to ``sums``, on device (one host transfer per step)."""
     clip_frac = aggregate(mb.clipped.float(), mb.mask, diag)
-    kl_old = aggregate(kl_per_token("k3", mb.logp, logp_old), mb.mask, diag)
+    kl_old = mean_kl("k3", mb.logp, logp_old, mb.mask, diag)
     for key, val in zip(UPDATE_KEYS, (mb.loss, mb.pg, mb.kl, mb.entropy, clip_frac, grad_norm, kl_old)):
         sums[key] = sums[key] + val.detach()
 

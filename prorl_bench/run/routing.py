@@ -149,6 +149,11 @@ class Router:
     (the oversight stream is a function of (seed, step)), so a resumed run labels as an unbroken one.
 
     Without a detector every hook is the identity (plain LoRA / no routing).
+
+    The gradient-routing strategy: the loop calls its named hooks, in step order, and nothing else
+    of routing — ``label`` (reward phase), ``shape_rewards`` / ``advantages`` / ``update_rows``
+    (advantages), ``forward`` / ``retain_loss`` (each minibatch's loss), ``backward`` (the optimizer
+    step), ``metrics`` (the row) and ``detector`` (the routing evaluation).
     """
 
     def __init__(self, cfg: Config, task: Any) -> None:
@@ -211,6 +216,25 @@ class Router:
         if self.labels is None or self.use != RouteUse.route:
             return nullcontext()
         return route_rows(policy, self.labels.to(idx.device)[idx])
+
+    def retain_loss(
+        self,
+        loss: torch.Tensor,
+        pg: torch.Tensor,
+        surrogate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        adv_retain: torch.Tensor | None,
+        idx: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """``route.advantages=split``: the minibatch loss whose gradient the retain adapter takes — ``loss``
+        with its policy-gradient term ``pg`` replaced by ``surrogate`` of the retain advantages of the
+        rows ``idx``; None on every other path (one loss, one backward)."""
+        if adv_retain is None:
+            return None
+        return loss - pg + surrogate(adv_retain[idx])[0]
+
+    def backward(self, policy: torch.nn.Module, loss: torch.Tensor, loss_retain: torch.Tensor | None) -> None:
+        """One minibatch's backward: ``loss.backward()``, or split routing's two gradients (``route_backward``)."""
+        route_backward(policy, loss, loss_retain)
 
     def metrics(self) -> dict[str, float]:
         """``route/labelled_frac`` and ``route/detector/{recall,precision}`` of this step."""

@@ -12,39 +12,49 @@ from prorl_bench.models.lora import adapter_rank, grow_rank
 from prorl_bench.models.rollout import Rollout, chunked_logprobs
 from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.rl.growth import migrate_optimizer
-from prorl_bench.rl.kl import kl_per_token
-from prorl_bench.rl.losses import aggregate
 from prorl_bench.rl.opt_state import apply_opt_reset, moment_norms
+from prorl_bench.run.kl_measure import mean_kl
 from prorl_bench.run.lifecycle import RunState
 from prorl_bench.run.phases import count_policy_forward
 from prorl_bench.run.setup import RunContext, build_optimizer
+from prorl_bench.run.step_signals import GrowthDecision, KLStats, ResetDecision
 
 
-def reset_phase(ctx: RunContext, s: RunState, out: Any, batch: Rollout, row: dict[str, Any], step: int) -> None:
-    """Reference reset at the step boundary (variant C): the reference weights, then the optimizer
-    state; then the adaptive KL coefficient sees the step's KL."""
+def reset_phase(ctx: RunContext, s: RunState, out: Any, batch: Rollout, kl: KLStats, step: int) -> ResetDecision:
+    """Reference reset at the step boundary (variant C): the trigger sees the step's KL to the
+    reference; a reset moves the reference weights, then the optimizer state; then the adaptive KL
+    coefficient sees the step's KL (to pi_old for B)."""
     ref = s.ref
-    s.resets.observe_step(step, row["kl/ref"] if ref.exists else None)
-    reason = s.resets.due(step) if ref.exists else None
-    row["reset"] = int(reason is not None)
-    if reason is not None:
+    s.resets.observe_step(step, kl.ref if ref.exists else None)
+    decision = ResetDecision(s.resets.due(step) if ref.exists else None)
+    if decision.happened:
         with ctx.acct.stage("reset"):
             info = _reset(ctx, s, batch, step)
         s.resets.mark_reset(step)
-        out.event(step, "reset", reason, **info)
-    s.kl_ctl.update(row["kl/ref"] if ref.exists else row["kl/old"])
+        out.event(step, "reset", decision.reason, **info)
+    s.kl_ctl.update(kl.for_controller(ref.exists))
+    return decision
 
 
-def grow_phase(ctx: RunContext, s: RunState, out: Any, row: dict[str, Any], step: int) -> None:
-    """Topology growth: the adapter rank grows, the optimizer state is migrated by index."""
-    why = s.growth.due(step, adapter_rank(s.policy), bool(row["reset"])) if s.growth is not None else None
-    row["growth"] = int(why is not None)
+def grow_phase(ctx: RunContext, s: RunState, out: Any, reset: ResetDecision, step: int) -> GrowthDecision:
+    """Topology growth: the adapter rank grows (a trigger may follow the step's reset), the optimizer
+    state is migrated by index."""
+    why = s.growth.due(step, adapter_rank(s.policy), reset.happened) if s.growth is not None else None
     if why is not None:
         with ctx.acct.stage("growth"):
             s.optimizer, info = _grow(ctx.cfg, step, s.policy, s.ref, s.optimizer)
         out.event(step, "growth", why, **info)
-    if ctx.cfg.adapter.kind == AdapterKind.lora:
-        row["adapter/rank"] = adapter_rank(s.policy)
+    return GrowthDecision(why, adapter_rank(s.policy) if ctx.cfg.adapter.kind == AdapterKind.lora else None)
+
+
+def lr_restart_warmup(o: Any, lr_warmup_steps: int) -> int | None:
+    """The LR-restart rule that goes with an optimizer transform (``opt_reset`` group ``o``): the
+    warm-up steps the schedule restarts with at the next step, or None (the schedule goes on). A
+    transform that resets Adam's step is a fresh optimizer and comes with a fresh schedule (at least
+    the run's own warm-up); any other restarts only when ``opt_reset.rewarmup_steps`` > 0."""
+    if OPT_TRANSFORMS.meta(o.kind).get("step") == "reset":
+        return max(lr_warmup_steps, o.rewarmup_steps)
+    return o.rewarmup_steps if o.rewarmup_steps > 0 else None
 
 
 def _reset(ctx: RunContext, s: RunState, batch: Rollout, step: int) -> dict[str, Any]:
@@ -62,17 +72,15 @@ def _reset(ctx: RunContext, s: RunState, batch: Rollout, step: int) -> dict[str,
     def kl_now() -> float:
         ref.forward_cost(acct, batch)
         lr = chunked_logprobs(ref.model, batch, t, banned, chunk)
-        return float(aggregate(kl_per_token("k3", logp, lr), batch.completion_mask, LossAgg.token))
+        return float(mean_kl("k3", logp, lr, batch.completion_mask, LossAgg.token))
 
     kl_before = kl_now()
     m_before, v_before = moment_norms(s.optimizer)
     ref.reset_to(policy, alpha)
     opt_info = apply_opt_reset(s.optimizer, cfg.opt_reset)
-    o = cfg.opt_reset
-    if OPT_TRANSFORMS.meta(o.kind).get("step") == "reset":  # a fresh optimizer comes with a fresh LR schedule
-        s.schedule.restart(step + 1, max(cfg.algo.lr_warmup_steps, o.rewarmup_steps))
-    elif o.rewarmup_steps > 0:
-        s.schedule.restart(step + 1, o.rewarmup_steps)
+    warmup = lr_restart_warmup(cfg.opt_reset, cfg.algo.lr_warmup_steps)
+    if warmup is not None:
+        s.schedule.restart(step + 1, warmup)
     if cfg.reset.restore_beta:
         s.kl_ctl.restore()
     m_after, v_after = moment_norms(s.optimizer)

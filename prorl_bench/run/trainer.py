@@ -20,7 +20,7 @@ from typing import Any
 
 from prorl_bench.config import Config
 from prorl_bench.run.checkpoint import finished_summary, save_checkpoint
-from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, metrics_row, warn_if_no_signal
+from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, metrics_row, step_kl, warn_if_no_signal
 from prorl_bench.run.lifecycle import RunSession, RunState
 from prorl_bench.run.phases import advantages, begin_step, old_logprobs, ppo_update, rollout, score
 from prorl_bench.run.rundir import RunDirLock
@@ -91,10 +91,11 @@ def _train(
             adv = advantages(ctx, s, sc, logp_old, beta, finite, step)
             with acct.stage("update"):
                 upd = ppo_update(ctx, s, sc, logp_old, adv, beta, step)
-            row = metrics_row(ctx, s, sc, logp_old, adv, upd, beta, step)
-            validate_phase(ctx, s, run.out, sc, logp_old, adv.rows, row, step)
-            reset_phase(ctx, s, run.out, batch, row, step)
-            grow_phase(ctx, s, run.out, row, step)
+            kl = step_kl(ctx, s, sc, logp_old, upd, adv.rows)
+            kl = validate_phase(ctx, s, run.out, sc, logp_old, adv.rows, kl, step)
+            reset = reset_phase(ctx, s, run.out, batch, kl, step)
+            growth = grow_phase(ctx, s, run.out, reset, step)
+            row = metrics_row(ctx, sc, adv, upd, kl, reset, growth, beta, step)  # built last, read by no decision
             row.update(acct.row(len(batch), sc.n_gen, ctx.peak_flops))
             run.step_done(row)
             if step == NO_SIGNAL_STEPS:

@@ -3,18 +3,20 @@ generator of its own; the KL to the base once the reference has moved; the stall
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from prorl_bench.models.rollout import chunked_logprobs
-from prorl_bench.rl.kl import kl_tokens
-from prorl_bench.rl.losses import aggregate, diagnostic_agg
+from prorl_bench.rl.losses import diagnostic_agg
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
+from prorl_bench.run.kl_measure import mean_kl
 from prorl_bench.run.lifecycle import RunState
 from prorl_bench.run.phases import Scored
 from prorl_bench.run.routing import route_eval, wants_route_eval
 from prorl_bench.run.setup import RunContext
+from prorl_bench.run.step_signals import KLStats
 
 
 def validate_phase(
@@ -24,23 +26,25 @@ def validate_phase(
     sc: Scored,
     logp_old: torch.Tensor,
     rows: torch.Tensor,
-    row: dict[str, Any],
+    kl: KLStats,
     step: int,
-) -> None:
+) -> KLStats:
     """Held-out validation every eval_every steps and at the end. Only the regular evaluations feed
     the stall triggers (and kl/base): the end-of-run one must not, or extending a finished run
-    (steps 35 -> 60) would change its trajectory."""
+    (steps 35 -> 60) would change its trajectory. Returns the step's KL signals with ``base``
+    measured when the reference has left the base."""
     cfg = ctx.cfg
     regular = step % cfg.eval_every == 0
     if regular or step == cfg.steps:
         with ctx.acct.stage("eval"):
             v = run_validation(ctx, s, out, step)
             if ctx.base_model is not None and regular and not s.ref.is_base:
-                row["kl/base"] = _kl_to(ctx, ctx.base_model, s.policy, sc.batch, logp_old, rows)
+                kl = replace(kl, base=_kl_to(ctx, ctx.base_model, s.policy, sc.batch, logp_old, rows))
     if regular:
         s.resets.observe_validation(v[cfg.reset.metric.value])
         if s.growth is not None:
             s.growth.observe_validation(v[cfg.reset.metric.value])
+    return kl
 
 
 def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progress=None) -> dict[str, Any]:
@@ -98,5 +102,5 @@ def _kl_to(ctx: RunContext, other: torch.nn.Module, policy, batch, logp_old, row
         return float("nan")
     cfg = ctx.cfg
     logp_other = chunked_logprobs(other, batch, cfg.algo.temperature, ctx.banned, ctx.mb_size)
-    kl_tok = kl_tokens(cfg.kl_estimator, logp_old[rows], logp_other[rows])
-    return float(aggregate(kl_tok, batch.completion_mask[rows], diagnostic_agg(cfg.algo.loss_agg)))
+    mask = batch.completion_mask[rows]
+    return float(mean_kl(cfg.kl_estimator, logp_old[rows], logp_other[rows], mask, diagnostic_agg(cfg.algo.loss_agg)))
