@@ -51,7 +51,7 @@ class PopulationLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
-        units = plan(self.hydra_context, self.config, jobs, self.size, self.n_jobs)
+        units = plan(self.hydra_context, self.config, jobs, self.size)
         for line in describe(units):
             log.info(line)
         if self.dry_run:
@@ -70,15 +70,13 @@ def _group_key(overrides: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS))
 
 
-def plan(
-    hydra_context: HydraContext, config: DictConfig, jobs: list[tuple[int, list[str]]], size: int, n_jobs: int = 1
-):
+def plan(hydra_context: HydraContext, config: DictConfig, jobs: list[tuple[int, list[str]]], size: int):
     """[(members [(job idx, overrides)], why not batched or None)]: populations of up to ``size``
     jobs that differ only in seed, and solo jobs with the reason they cannot join one.
 
-    A population runs on one core, so populations are never so large that a worker would sit idle:
-    their size is at most ceil(batchable jobs / ``n_jobs``) (``balanced_size``). Without this, 4 seeds
-    with the default size 16 made one population on one core while joblib ran 2 jobs at once."""
+    Populations are filled up to ``size`` even when that leaves a worker without one: on the loaded
+    2-core machine one population of 4 in one worker took 87 s against 174 s for two populations of 2
+    in two workers and 148 s for joblib (docs/populations.md)."""
     from prorl_bench.config import to_config
     from prorl_bench.population.runner import member_differences, population_blockers
 
@@ -101,7 +99,6 @@ def plan(
             units.append(([(idx, overrides)], "; ".join(why)))
         else:
             groups.setdefault(_group_key(overrides), []).append((idx, overrides, cfg))
-    size = balanced_size(size, n_jobs, sum(len(m) for m in groups.values()))
     for members in groups.values():
         # the overrides said "same but seed"; the composed configs must agree (interpolations, grids)
         first = members[0][2]
@@ -116,12 +113,6 @@ def plan(
             chunk = same[k::n_chunks]
             units.append(([(i, o) for i, o, _ in chunk], None if len(chunk) > 1 else "alone in its group"))
     return units
-
-
-def balanced_size(size: int, n_jobs: int, n_batchable: int) -> int:
-    """The largest population size that still gives each of ``n_jobs`` workers a population when
-    ``n_batchable`` jobs could batch (>= 1, <= ``size``)."""
-    return max(1, min(size, -(-n_batchable // max(1, n_jobs))))
 
 
 def describe(units) -> list[str]:
