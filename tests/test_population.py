@@ -158,7 +158,7 @@ def test_lockstep_members_keep_their_own_global_rng_and_sample_together():
         def fn():
             import prorl_bench.run.accounting as accounting
 
-            t0 = accounting.time.perf_counter()  # the member's own clock while populations run
+            t0 = accounting.CLOCK.get()()  # the member's own clock while populations run
             torch.manual_seed(i)
             random.seed(i)
             draws = []
@@ -167,7 +167,7 @@ def test_lockstep_members_keep_their_own_global_rng_and_sample_together():
                 r = _requests([ms[i]], tok, [i])[0]
                 ls._generate(r.policy, tok, r.prompt_ids, r.prompt_mask, 5, 1.0, generator=r.generator)
             seen[i] = draws
-            own[i] = accounting.time.perf_counter() - t0
+            own[i] = accounting.CLOCK.get()() - t0
             return i
 
         return fn

@@ -19,8 +19,8 @@ objects alone. Two things make the members one computation:
 
 Stage timers: a member's ``time/*`` metrics are its own clock — wall time minus the time it waited
 for the token, plus its share (1/n) of each batched sampling call it took part in (``member_clock``,
-read by ``accounting.py`` while populations run). So a member's ``time/step`` is what its step cost
-inside the population, and the members' times add up to the population's wall time.
+the clock each member thread injects into ``accounting.CLOCK``). So a member's ``time/step`` is what
+its step cost inside the population, and the members' times add up to the population's wall time.
 
 A member that finishes or fails leaves the barrier; the rest continue. Members need not be at the
 same step (a resumed population whose members checkpointed at different steps batches them anyway).
@@ -32,14 +32,14 @@ import inspect
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from prorl_bench.models import rollout
 from prorl_bench.population.sampling import SampleRequest, generate_population
+from prorl_bench.run.accounting import CLOCK
 from prorl_bench.run.sampler import SAMPLER
 
 _ORIGINAL_GENERATE = rollout.generate
@@ -169,6 +169,7 @@ class Lockstep:
         def body(i: int) -> None:
             _local.member, _local.pop = i, self
             SAMPLER.set(_generate)  # this thread's runs sample through the barrier (run/sampler.py)
+            CLOCK.set(lambda: self.member_clock(i))  # and time their stages on the member's own clock
             self._acquire(i)
             try:
                 results[i] = fns[i]()
@@ -179,11 +180,10 @@ class Lockstep:
                     self._give_up_token(i, "done")
 
         threads = [threading.Thread(target=body, args=(i,), name=f"member-{i}", daemon=True) for i in range(self.size)]
-        with member_clocks():
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         return results
 
 
@@ -202,42 +202,3 @@ def _generate(*args, **kwargs):
               "greedy", "top_p")  # fmt: skip
     req = SampleRequest(*(a[k] for k in fields), call=dict(a))
     return pop.generate(_local.member, req)
-
-
-@contextmanager
-def member_clocks() -> Iterator[None]:
-    """``accounting.py``'s clock is each member's own (``_MemberTime``) while populations run."""
-    import prorl_bench.run.accounting as accounting
-
-    global _clock_depth
-    with _clock_lock:
-        if _clock_depth == 0:
-            accounting.time = _MEMBER_TIME
-        _clock_depth += 1
-    try:
-        yield
-    finally:
-        with _clock_lock:
-            _clock_depth -= 1
-            if _clock_depth == 0:
-                accounting.time = time
-
-
-_clock_lock = threading.Lock()
-_clock_depth = 0
-
-
-class _MemberTime:
-    """``time`` for ``accounting.py`` while populations run: ``perf_counter`` is the calling member's
-    own clock (``Lockstep.member_clock``); outside member threads, the wall clock."""
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
-
-    @staticmethod
-    def perf_counter() -> float:
-        pop: Lockstep | None = getattr(_local, "pop", None)
-        return time.perf_counter() if pop is None else pop.member_clock(_local.member)
-
-
-_MEMBER_TIME = _MemberTime()

@@ -8,12 +8,18 @@ Timers synchronise CUDA before reading the clock so a stage is charged for its o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
 from prorl_bench.run.outputs import COUNTERS, STAGES
+
+# The clock the stage timers read: the wall clock, unless the caller injects another for the code in its
+# context (a population's member threads set their own clock, population/lockstep.py: wall time minus
+# the time the member waited for the others). A ContextVar is per thread: a new thread starts from this.
+CLOCK: ContextVar[Callable[[], float]] = ContextVar("prorl_bench_clock", default=time.perf_counter)
 
 __all__ = ["COUNTERS", "STAGES", "StepAccounting", "measured_matmul_peak"]
 
@@ -35,7 +41,7 @@ class StepAccounting:
     def _now(self) -> float:
         if self._sync:
             torch.cuda.synchronize()
-        return time.perf_counter()
+        return CLOCK.get()()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
