@@ -151,6 +151,7 @@ def test_a_bad_value_in_a_job_is_still_recorded_as_failed(tmp_path, monkeypatch)
     class FakeHydra:  # what HydraConfig.get() gives a single run's job
         mode = RunMode.RUN
         runtime = OmegaConf.create({"output_dir": str(tmp_path / "hydra")})
+        overrides = OmegaConf.create({"task": []})  # provenance records the job's overrides
 
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: FakeHydra))
     with pytest.raises(SystemExit) as info:
