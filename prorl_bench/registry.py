@@ -10,12 +10,15 @@ validation checks every axis against its registry and names the key and what is 
 same message as any other bad value. A test module (or a user's plugin module imported before the
 config is validated) can register options the package does not ship.
 
-An option that takes parameters registers a small dataclass with it (``params=MyParams``): the
-axis's ``params`` mapping in the config (``reset.params``, ``variant.params``, ``task.params``,
-``algo.advantage_params``, ``kl_estimator.params``, ``opt_reset.params``) is checked against it
-(unknown keys, types, and the dataclass's own ``__post_init__``) and the option receives the
-instance, so an option with parameters never edits ``config/``. Other metadata (``**meta``) states
-what the rest of the bench needs to know about an option — warnings and tests read it, never names.
+An option that takes parameters registers a small dataclass with it (``params=MyParams``, one per
+option). Its fields are the option's keys, flat in the axis's config section next to the selector
+(``reset.every`` for ``reset.trigger=periodic``; ``opt_reset.factor`` for ``opt_reset.kind=soft``):
+``config/options.py`` moves them out of the section and ``Registry.params`` checks them against the
+dataclass (unknown key with a did-you-mean, types, the dataclass's own ``__post_init__``), once, when
+the config is validated. ``Registry.build(name, params)`` then returns the option with that instance
+bound (``Bound``): no call site passes parameters again and nothing is re-validated in the math.
+Other metadata (``**meta``) states what the rest of the bench needs to know about an option —
+warnings and tests read it, never names.
 
 Registries hold objects only; they import nothing of the bench. ``load_builtins`` imports the
 modules whose options register at import time, then the user's plugin modules (``plugins=[...]``
@@ -24,6 +27,8 @@ and the ``prorl_bench.plugins`` entry-point group; see ``load_plugins``).
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, is_dataclass
@@ -42,6 +47,7 @@ class Registry(Generic[T]):
     def __init__(self, key: str, what: str) -> None:
         self.key = key
         self.what = what
+        self.section, self.selector = key.split(".", 1)  # "reset", "trigger": the parameters live in "reset"
         self._items: dict[str, T] = {}
         self._meta: dict[str, dict[str, Any]] = {}
 
@@ -84,31 +90,54 @@ class Registry(Generic[T]):
         self.check(name)
         return self._meta[name]
 
-    def params(self, name: str, mapping: Mapping[str, Any] | None, key: str) -> Any:
-        """The option's parameters: ``mapping`` (the config's ``key``) checked against the dataclass
-        the option registered with ``params=``, returned as an instance; None when it declared none.
-        ConfigError names ``key`` and what is allowed (unknown key, wrong type, out of range)."""
-        cls = self.meta(name).get("params")
+    def params_class(self, name: str) -> type | None:
+        """The dataclass ``name`` registered with ``params=`` (None: it takes no parameters)."""
+        return self.meta(name).get("params")
+
+    def params(self, name: str, mapping: Mapping[str, Any] | None, key: str | None = None) -> Any:
+        """The option's parameters: ``mapping`` (flat keys of the config section ``key``, default
+        ``self.section``) checked against the dataclass the option registered with ``params=``,
+        returned as an instance; None when it declared none. ConfigError names the key
+        (``reset.evry``: unknown, with the closest names; wrong type; out of range)."""
+        key = key or self.section
+        cls = self.params_class(name)
         given = dict(mapping or {})
-        if cls is None:
-            if given:
-                raise ConfigError(
-                    f"invalid config value {key}={given!r}: allowed {{}} ({self.what} {name!r} takes no parameters)"
-                )
-            return None
-        allowed = [f.name for f in fields(cls)]
+        allowed = [] if cls is None else [f.name for f in fields(cls)]
         unknown = sorted(set(given) - set(allowed))
         if unknown:
-            takes = ", ".join(allowed) or "no parameters"
-            raise ConfigError(f"unknown config key {key}.{unknown[0]}: {self.what} {name!r} takes {takes}")
-        from omegaconf import OmegaConf  # type-checks and converts the values as the schema does
+            bad = unknown[0]
+            takes = ", ".join(f"{key}.{a}" for a in allowed) or "no parameters"
+            close = difflib.get_close_matches(bad, allowed, n=3, cutoff=0.6)
+            hint = "; did you mean " + " or ".join(f"{key}.{c}" for c in close) + "?" if close else ""
+            raise ConfigError(f"unknown config key {key}.{bad}: {self.what} {name!r} takes {takes}{hint}")
+        if cls is None:
+            return None
+        from omegaconf import OmegaConf  # type-checks and converts the values as the schema does (once)
 
         try:
             return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), given))
         except ConfigError:
             raise
-        except Exception as e:  # a wrong type or a missing required value
-            raise ConfigError(f"invalid config value {key}: {e}".replace("\n", "; ")) from e
+        except Exception as e:  # a wrong type or a missing required value: name the key
+            sub = getattr(e, "full_key", None) or ""
+            what = str(e).split("\n", 1)[0]
+            if sub:
+                raise ConfigError(f"invalid config value {key}.{sub}={given.get(sub)!r}: {what}") from None
+            raise ConfigError(f"invalid config value {key}: {what}") from None
+
+    def build(self, name: str, params: Any = None) -> Bound:
+        """``name`` with its parameters bound, for the run to call: ``params`` is an instance of the
+        option's dataclass (checked when it was made: no check here), a mapping of its keys (checked
+        now, once), or None (the dataclass's defaults)."""
+        obj = self[name]
+        cls = self.params_class(name)
+        if cls is not None and isinstance(params, cls):
+            bound = params
+        elif cls is None and params is None:
+            bound = None
+        else:
+            bound = self.params(name, params)
+        return Bound(name, obj, bound, self._meta[name])
 
     def names(self) -> list[str]:
         load_builtins()
@@ -120,6 +149,24 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+class Bound:
+    """A registered option with its parameters bound: calling it calls the option with
+    ``params=<instance>`` added (nothing added when the option takes none). ``name``, ``params`` and
+    ``meta`` (its registration metadata) say what it is."""
+
+    __slots__ = ("name", "obj", "params", "meta", "_call")
+
+    def __init__(self, name: str, obj: Any, params: Any, meta: Mapping[str, Any]) -> None:
+        self.name, self.obj, self.params, self.meta = name, obj, params, meta
+        self._call = obj if params is None else functools.partial(obj, params=params)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Bound({self.name!r}, params={self.params!r})"
 
 
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("algo.advantage", "advantage estimator")
@@ -162,10 +209,8 @@ def _lookup(cfg: Any, key: str) -> Any:
 
 def build_task(task_cfg: Any) -> Any:
     """The task ``task_cfg.name`` built from its factory: ``factory(task_cfg)``, with
-    ``params=<its params dataclass>`` when it registered one."""
-    params = TASKS.params(task_cfg.name, getattr(task_cfg, "params", None), "task.params")
-    factory = TASKS[task_cfg.name]
-    return factory(task_cfg) if params is None else factory(task_cfg, params=params)
+    ``params=<its params instance>`` when it registered a dataclass."""
+    return TASKS.build(task_cfg.name, getattr(task_cfg, "params", None))(task_cfg)
 
 
 def require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -189,21 +234,6 @@ BUILTIN_MODULES = (
     "prorl_bench.tasks.hack_task",
     "prorl_bench.engines.trl.config_map",  # engine=trl: refuses what TRL cannot express (a config check)
 )
-_SCHEMA: list[type] = []  # the config schema (config.Config), set by config/root.py: read without importing it
-
-
-def set_schema(cls: type) -> None:
-    """Called once by config/root.py: modules below config (aliases) read the schema's defaults through here."""
-    _SCHEMA[:] = [cls]
-
-
-def schema() -> type:
-    """The config schema class (``config.Config``); prorl_bench.config must have been imported."""
-    if not _SCHEMA:
-        raise RuntimeError("the config schema is not registered yet: import prorl_bench.config first")
-    return _SCHEMA[0]
-
-
 PLUGIN_GROUP = "prorl_bench.plugins"  # entry-point group of installed packages that register options
 _loaded = False
 

@@ -1,7 +1,8 @@
-"""Options from the user's own module (docs/extending.md): a module outside the package registers an
-advantage estimator, a reset trigger with its own parameters, a task, a moving reference strategy
-(an EMA of the policy) and a KL estimator; ``plugins=[module]`` makes them valid config values, and
-they train from the command line. No package file is edited.
+"""Options from the user's own modules (docs/extending.md): five files outside the package, taken from
+the docs as printed, register an advantage estimator, a reset trigger, a task, a moving reference
+strategy (an EMA of the policy) and a KL estimator, each with a parameter; ``plugins=[...]`` makes them
+valid config values, their parameters flat keys, and they train from the command line. No package
+file is edited.
 
 Also: ``kl/base`` of a reference that moves on its own is the KL to the true base (not ``kl/ref``),
 and the ``prorl_bench.plugins`` entry-point group loads an installed plugin without ``plugins=``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -26,127 +28,74 @@ from prorl_bench.run.outputs import read_jsonl
 
 from .conftest import FAST, make_config
 
-PLUGIN = '''
-"""A user's options: five additions, one file."""
-import random
-from dataclasses import dataclass
-
-import torch
-
-from prorl_bench.rl.reference import CachedReference
-from prorl_bench.registry import ADVANTAGES, KL_ESTIMATORS, REFERENCES, RESET_TRIGGERS, require
-from prorl_bench.rl.resets import Trigger
-from prorl_bench.tasks.base import symbol_task
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+FILE_BLOCK = re.compile(r"```python\n# (\w+)\.py: (.*?)\n(.*?)```", re.S)
 
 
-@ADVANTAGES.register("mean_only")
-def mean_only(rewards, eps=1e-6):
-    """A mean-only group baseline: R - mean_g(R) (no std division)."""
-    return rewards - rewards.mean(dim=1, keepdim=True)
+def doc_files() -> dict[str, str]:
+    """module name -> source: the five files of docs/extending.md's walkthrough, as printed there."""
+    return {name: f"# {name}.py: {head}\n{body}" for name, head, body in FILE_BLOCK.findall(DOC.read_text())}
 
 
-@dataclass
-class EveryAfterParams:
-    every: int = 2  # steps between resets
-    start: int = 3  # no reset at or before this step
-
-    def __post_init__(self):
-        require(self.every >= 1, "reset.params.every", self.every, ">= 1")
-
-
-@RESET_TRIGGERS.register("every_after", params=EveryAfterParams)
-class EveryAfter(Trigger):
-    """Every params.every steps once the step is past params.start."""
-
-    @classmethod
-    def period(cls, cfg):
-        return RESET_TRIGGERS.params("every_after", cfg.params, "reset.params").every
-
-    def fire(self, step):
-        p = self.params
-        return f"every_after: every {p.every} after {p.start}" if step > p.start and step % p.every == 0 else None
-
-
-def _letters(rng, n):
-    x = "".join(rng.choice("abcd") for _ in range(n))
-    return x, x[::-1]
-
-
-symbol_task("reverse_letters", "L", lambda n: n + 2, lambda n: n, solve=lambda x: x[::-1])(_letters)
-
-
-@dataclass
-class EMAParams:
-    rate: float = 0.1  # pi_ref <- rate * pi_theta + (1 - rate) * pi_ref before every rollout
-
-    def __post_init__(self):
-        require(0 < self.rate <= 1, "variant.params.rate", self.rate, "in (0, 1]")
-
-
-@REFERENCES.register("ema", per_rollout=True, model=True, params=EMAParams)
-class EMAReference(CachedReference):
-    """The reference follows the policy as an exponential moving average (it moves on its own)."""
-
-    moves = True
-
-    def before_rollout(self, policy, step):
-        if step > 1:  # at step 1 the policy is still the base
-            self.reset_to(policy, self.params.rate)
-
-
-@KL_ESTIMATORS.register("k1_abs", reward_only=False, clamped=False)
-def k1_abs(logp, logp_ref, clamp=20.0):
-    """|logp - logp_ref|: k1's magnitude (>= 0, a usable loss)."""
-    return (logp - logp_ref).abs()
-'''
-
+MODULES = ["clipped_grpo", "every_after", "reverse_letters", "ema_reference", "scaled_abs_kl"]
 NAMES = {
-    registry.ADVANTAGES: "mean_only",
+    registry.ADVANTAGES: "clipped_grpo",
     registry.RESET_TRIGGERS: "every_after",
     registry.TASKS: "reverse_letters",
     registry.REFERENCES: "ema",
-    registry.KL_ESTIMATORS: "k1_abs",
+    registry.KL_ESTIMATORS: "abs_k1",
 }
+ALL = f"plugins=[{','.join(MODULES)}]"
 
 
-def _write_plugin(directory: Path, name: str) -> Path:
+def _write_plugin(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.py").write_text(PLUGIN)
+    for name, source in doc_files().items():
+        (directory / f"{name}.py").write_text(source)
     return directory
 
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    """The plugin imported in this process (as ``plugins=[...]`` would), unregistered afterwards."""
-    name = "user_options_inproc"
-    monkeypatch.syspath_prepend(str(_write_plugin(tmp_path / "plugin", name)))
-    registry.load_plugins([name])
-    yield name
+    """The docs' five modules imported in this process (as ``plugins=[...]`` would), unregistered afterwards."""
+    monkeypatch.syspath_prepend(str(_write_plugin(tmp_path / "plugin")))
+    registry.load_plugins(MODULES)
+    yield ALL
     for reg, option in NAMES.items():
         reg.remove(option)
-    sys.modules.pop(name, None)
+    for name in MODULES:
+        sys.modules.pop(name, None)
     importlib.invalidate_caches()
+
+
+def test_the_docs_show_five_files_one_option_each():
+    assert sorted(doc_files()) == sorted(MODULES)
 
 
 def test_plugin_options_validate_with_their_own_parameters(plugin):
     cfg = make_config(
-        [f"plugins=[{plugin}]", "variant.name=EMA", "variant.reference=ema", "variant.resets=true",
-         "+variant.params.rate=0.25", "reset.trigger=every_after", "+reset.params.every=4",
-         "task.name=reverse_letters", "algo.advantage=mean_only", "kl_estimator.name=k1_abs"]
+        [plugin, "variant.name=EMA", "variant.reference=ema", "variant.resets=true", "+variant.rate=0.25",
+         "reset.trigger=every_after", "+reset.every=4", "task.name=reverse_letters", "+task.alphabet=xyz",
+         "algo.advantage=clipped_grpo", "+algo.clip=0.5", "kl_estimator.name=abs_k1", "+kl_estimator.scale=2"]
     )  # fmt: skip
-    assert cfg.variant.params == {"rate": 0.25} and cfg.reset.params == {"every": 4}
+    assert (cfg.variant.params.rate, cfg.reset.params.every, cfg.reset.params.start) == (0.25, 4, 3)
+    assert (cfg.task.params.alphabet, cfg.algo.params.clip, cfg.kl_estimator.params.scale) == ("xyz", 0.5, 2.0)
     bad = {
-        "+reset.params.every=0": "reset.params.every=0: allowed >= 1",
-        "+reset.params.evry=3": "unknown config key reset.params.evry: reset trigger 'every_after' takes every, start",
-        "+reset.params.every=x": "reset.params",
+        "+reset.every=0": "reset.every=0: allowed >= 1",
+        "+reset.evry=3": "unknown config key reset.evry; did you mean reset.every? (reset trigger 'every_after' "
+        "takes reset.every, reset.start)",
+        "+reset.every=x": "invalid config value reset.every='x'",
+        "+reset.kl_threshold=0.5": "unknown config key reset.kl_threshold (reset trigger 'every_after' takes",
     }
     for override, message in bad.items():
-        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            make_config([f"plugins=[{plugin}]", "variant=C", "reset.trigger=every_after", override])
-    with pytest.raises(ConfigError, match="variant.params.rate=2.0: allowed in"):
-        make_config(["variant.name=EMA", "variant.reference=ema", "+variant.params.rate=2.0"])
-    with pytest.raises(ConfigError, match="reset trigger 'periodic' takes no parameters"):
-        make_config(["variant=C", "reset=periodic", "+reset.params.every=3"])
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            make_config([plugin, "variant=C", "reset.trigger=every_after", override])
+    with pytest.raises(ConfigError, match=re.escape("variant.rate=2.0: allowed in")):
+        make_config(["variant.name=EMA", "variant.reference=ema", "+variant.rate=2.0"])
+    with pytest.raises(
+        ConfigError, match=re.escape("unknown config key reset.start (reset trigger 'periodic' takes reset.every)")
+    ):
+        make_config(["variant=C", "reset=periodic", "+reset.start=3"])
 
 
 def test_step_counter_warning_reads_the_triggers_declared_period(plugin):
@@ -155,10 +104,10 @@ def test_step_counter_warning_reads_the_triggers_declared_period(plugin):
 
     hazard = ["variant=C", "reset.trigger=every_after", "opt_reset=soft"]
     with pytest.warns(StepCounterHazardWarning, match="every 5 steps"):
-        make_config([*hazard, "+reset.params.every=5"])
+        make_config([*hazard, "+reset.every=5"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", StepCounterHazardWarning)
-        make_config([*hazard, "+reset.params.every=100"])  # rare resets: no hazard
+        make_config([*hazard, "+reset.every=100"])  # rare resets: no hazard
 
 
 def test_missing_plugin_module_is_a_config_error():
@@ -171,8 +120,8 @@ def test_moving_reference_logs_the_kl_to_the_true_base(plugin, run_exp):
     trajectory; A1's reference *is* the base, so its kl/ref is the truth for the EMA run's kl/base."""
     moving = ["algo.beta=0", "algo.entropy_coef=0.05"]  # the entropy bonus moves the policy whatever the reward
     _, a1 = run_exp([*moving, "variant=A1"], "a1")
-    ema_over = [*moving, "variant.name=EMA", "variant.reference=ema", "+variant.params.rate=0.5"]
-    _, ema = run_exp([f"plugins=[{plugin}]", *ema_over], "ema")
+    ema_over = [*moving, "variant.name=EMA", "variant.reference=ema", "+variant.rate=0.5"]
+    _, ema = run_exp([plugin, *ema_over], "ema")
     a1_rows, ema_rows = read_jsonl(a1 / "metrics.jsonl"), read_jsonl(ema / "metrics.jsonl")
     assert [r["reward/mean"] for r in a1_rows] == [r["reward/mean"] for r in ema_rows]  # same trajectory
     measured = [r for r in ema_rows if r["step"] % 3 == 0]  # FAST: eval_every=3 (regular validations)
@@ -187,18 +136,20 @@ def test_moving_reference_logs_the_kl_to_the_true_base(plugin, run_exp):
 
 @pytest.mark.slow
 def test_plugin_options_train_from_the_command_line(tmp_path, base_cache):
-    """``prorl-bench plugins=[user_options] ...`` with all five additions at once, in a subprocess."""
-    plugin_dir = _write_plugin(tmp_path / "plugin", "user_options")
+    """``prorl-bench plugins=[...] ...`` with all five additions at once, in a subprocess, their parameters
+    typed without ``+`` (docs/extending.md's command)."""
+    plugin_dir = _write_plugin(tmp_path / "plugin")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")]))
     run_dir = tmp_path / "run"
     cmd = [
-        str(Path(sys.executable).with_name("prorl-bench")), "plugins=[user_options]",
-        "task.name=reverse_letters", "task.min_len=2", "task.max_len=3", "algo.advantage=mean_only",
-        "kl_estimator.name=k1_abs", "variant.name=EMA", "variant.reference=ema", "variant.resets=true",
-        "+variant.params.rate=0.3", "reset.trigger=every_after", "+reset.params.every=2", "+reset.params.start=3",
+        str(Path(sys.executable).with_name("prorl-bench")), ALL,
+        "task.name=reverse_letters", "task.alphabet=xyz", "task.min_len=2", "task.max_len=3",
+        "algo.advantage=clipped_grpo", "algo.clip=0.5", "kl_estimator.name=abs_k1", "kl_estimator.scale=2",
+        "variant.name=EMA", "variant.reference=ema", "variant.resets=true", "variant.rate=0.3",
+        "reset.trigger=every_after", "reset.every=2", "reset.start=3",
         *FAST, "progress=false", f"warmup.cache_dir={base_cache}", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps_completed"] == 6
@@ -206,25 +157,27 @@ def test_plugin_options_train_from_the_command_line(tmp_path, base_cache):
     resets = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "reset"]
     assert [e["reason"] for e in resets] == ["every_after: every 2 after 3"] * 2
     samples = read_jsonl(run_dir / "samples.jsonl")
-    assert samples and all(s["prompt"].startswith("L") and set(s["prompt"][1:-1]) <= set("abcd") for s in samples)
+    assert samples and all(s["prompt"].startswith("L") and set(s["prompt"][1:-1]) <= set("xyz") for s in samples)
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    # kl/ref is the configured estimator |l| averaged; kl/ref_k1 averages l itself: |mean l| <= mean |l|
-    assert all(r["kl/ref"] >= abs(r["kl/ref_k1"]) - 1e-7 for r in rows)
-    assert any(r["kl/ref"] > abs(r["kl/ref_k1"]) + 1e-6 for r in rows)  # and it is not k1 itself
+    # kl/ref is 2 |l| averaged; kl/ref_k1 averages l itself: |mean l| <= mean |l| <= mean 2|l|
+    assert all(r["kl/ref"] >= 2 * abs(r["kl/ref_k1"]) - 1e-7 for r in rows)
+    resolved = (run_dir / "config_resolved.yaml").read_text()  # the composed options, their keys only
+    for line in ("clip: 0.5", "alphabet: xyz", "scale: 2.0", "rate: 0.3", "every: 2", "start: 3"):
+        assert line in resolved
 
 
 def test_entry_point_plugin_loads_without_the_plugins_key(tmp_path):
     """An installed package that declares ``[project.entry-points."prorl_bench.plugins"]`` registers
     its options at the first registry lookup (a .dist-info on sys.path is what pip installs)."""
-    site = _write_plugin(tmp_path / "site", "user_options_ep")
+    site = _write_plugin(tmp_path / "site")
     dist = site / "user_options_ep-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: user-options-ep\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[prorl_bench.plugins]\nuser = user_options_ep\n")
+    (dist / "entry_points.txt").write_text("[prorl_bench.plugins]\nadv = clipped_grpo\nref = ema_reference\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     code = textwrap.dedent("""
         from prorl_bench.registry import ADVANTAGES, REFERENCES
-        print("mean_only" in ADVANTAGES, "ema" in REFERENCES)
+        print("clipped_grpo" in ADVANTAGES, "ema" in REFERENCES)
     """)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

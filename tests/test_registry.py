@@ -97,22 +97,52 @@ def test_option_params_are_checked_against_the_dataclass_it_registered():
         name: str = "a"
 
         def __post_init__(self) -> None:
-            require(self.k >= 1, "x.params.k", self.k, ">= 1")
+            require(self.k >= 1, "x.k", self.k, ">= 1")
 
     reg: Registry = Registry("x.y", "thing")
     reg.add("with_params", object(), params=Knobs)
     reg.add("plain", object())
-    assert reg.params("with_params", {"k": 3}, "x.params") == Knobs(k=3)
-    assert reg.params("with_params", None, "x.params") == Knobs()  # defaults
-    assert reg.params("with_params", {"k": "4"}, "x.params") == Knobs(k=4)  # converted as the schema does
-    assert reg.params("plain", {}, "x.params") is None
-    with pytest.raises(ConfigError, match=r"x.params.k=0: allowed >= 1"):
-        reg.params("with_params", {"k": 0}, "x.params")
-    with pytest.raises(ConfigError, match=r"unknown config key x.params.kk: thing 'with_params' takes k, name"):
-        reg.params("with_params", {"kk": 1}, "x.params")
-    with pytest.raises(ConfigError, match=r"invalid config value x.params"):
-        reg.params("with_params", {"k": "many"}, "x.params")
+    assert reg.params("with_params", {"k": 3}) == Knobs(k=3)
+    assert reg.params("with_params", None) == Knobs()  # defaults
+    assert reg.params("with_params", {"k": "4"}) == Knobs(k=4)  # converted as the schema does
+    assert reg.params("plain", {}) is None
+    with pytest.raises(ConfigError, match=r"x.k=0: allowed >= 1"):
+        reg.params("with_params", {"k": 0})
+    with pytest.raises(
+        ConfigError, match=r"unknown config key x.kk: thing 'with_params' takes x.k, x.name; did you mean x.k\?"
+    ):
+        reg.params("with_params", {"kk": 1})
+    with pytest.raises(ConfigError, match=r"invalid config value x"):
+        reg.params("with_params", {"k": "many"})
     with pytest.raises(ConfigError, match=r"thing 'plain' takes no parameters"):
-        reg.params("plain", {"k": 1}, "x.params")
+        reg.params("plain", {"k": 1})
     with pytest.raises(ValueError, match="dataclass"):
         reg.add("bad", object(), params=dict)
+
+
+def test_build_binds_the_parameters_once():
+    """``build`` returns the option with its checked parameters bound: a mapping is checked when
+    built, an instance is kept as it is (no check per call), and the call adds ``params=``."""
+    from dataclasses import dataclass
+
+    seen = []
+
+    @dataclass
+    class Scale:
+        s: float = 2.0
+
+    def scaled(x, params):
+        seen.append(params)
+        return x * params.s
+
+    reg: Registry = Registry("x.y", "thing")
+    reg.add("scaled", scaled, params=Scale)
+    reg.add("plain", lambda x: x + 1)
+    fn = reg.build("scaled", {"s": 3})
+    assert fn(2) == 6.0 and fn.params == Scale(3.0) and seen[-1] is fn.params
+    inst = Scale(5.0)
+    assert reg.build("scaled", inst).params is inst  # an instance: bound as it is
+    assert reg.build("scaled")(1) == 2.0  # defaults
+    assert reg.build("plain")(1) == 2  # no parameters: called as registered
+    with pytest.raises(ConfigError, match="unknown config key x.t"):
+        reg.build("scaled", {"t": 1})

@@ -65,10 +65,15 @@ def test_keep_changes_nothing():
 @pytest.mark.parametrize(
     "cfg,fm,fv,step_reset",
     [
-        (OptResetConfig(kind="soft", factor=0.3, step=StepPolicy.keep), 0.3, 0.3, False),
-        (OptResetConfig(kind="soft", factor=0.3, step=StepPolicy.reset), 0.3, 0.3, True),
-        (OptResetConfig(kind="asym", m_factor=0.0, v_factor=1.0, step=StepPolicy.keep), 0.0, 1.0, False),
-        (OptResetConfig(kind="asym", m_factor=0.5, v_factor=0.25, step=StepPolicy.reset), 0.5, 0.25, True),
+        (OptResetConfig(kind="soft", step=StepPolicy.keep, params={"factor": 0.3}), 0.3, 0.3, False),
+        (OptResetConfig(kind="soft", step=StepPolicy.reset, params={"factor": 0.3}), 0.3, 0.3, True),
+        (OptResetConfig(kind="asym", step=StepPolicy.keep, params={"m_factor": 0.0, "v_factor": 1.0}), 0.0, 1.0, False),
+        (
+            OptResetConfig(kind="asym", step=StepPolicy.reset, params={"m_factor": 0.5, "v_factor": 0.25}),
+            0.5,
+            0.25,
+            True,
+        ),
     ],
 )
 def test_soft_and_asym_scale_exactly_the_moments_and_handle_step(cfg, fm, fv, step_reset):
@@ -112,7 +117,7 @@ def test_adam_bias_correction_hazard_zeroing_moments_but_keeping_step_spikes_the
             opt.zero_grad()
             p.grad = torch.randn(50)
             opt.step()
-        apply_opt_reset(opt, OptResetConfig(kind="soft", factor=0.0, step=step_policy))
+        apply_opt_reset(opt, OptResetConfig(kind="soft", step=step_policy, params={"factor": 0.0}))
         before = p.detach().clone()
         p.grad = torch.full((50,), 0.5)
         opt.step()
@@ -169,8 +174,8 @@ def _fire(cfg, steps, kl=None, val=None):
 
 
 def test_periodic_fires_every_k_and_none_never():
-    assert _fire(ResetConfig(trigger="periodic", every=10), 35) == [10, 20, 30]
-    assert _fire(ResetConfig(trigger="polyak", every=7), 20) == [7, 14]
+    assert _fire(ResetConfig(trigger="periodic", params={"every": 10}), 35) == [10, 20, 30]
+    assert _fire(ResetConfig(trigger="polyak", params={"every": 7}), 20) == [7, 14]
     assert _fire(ResetConfig(trigger="none"), 50) == []
 
 
@@ -178,25 +183,25 @@ def test_kl_spike_absolute_threshold_and_spacing():
     kl = [0.1] * 30
     for t in (5, 6, 7, 20):
         kl[t - 1] = 1.0
-    cfg = ResetConfig(trigger="kl_spike", kl_threshold=0.5)
+    cfg = ResetConfig(trigger="kl_spike", params={"kl_threshold": 0.5})
     assert _fire(cfg, 30, kl) == [5, 6, 7, 20]
-    cfg = ResetConfig(trigger="kl_spike", kl_threshold=0.5, min_spacing=3)
+    cfg = ResetConfig(trigger="kl_spike", min_spacing=3, params={"kl_threshold": 0.5})
     assert _fire(cfg, 30, kl) == [5, 20]  # 6, 7 are closer than 3 steps to 5
 
 
 def test_kl_spike_relative_to_running_mean():
     kl = [0.1] * 12 + [0.25] + [0.1] * 5 + [0.45] + [0.1] * 3
-    cfg = ResetConfig(trigger="kl_spike", kl_multiple=3.0, kl_ema=0.5, kl_warmup=3)
+    cfg = ResetConfig(trigger="kl_spike", params={"kl_multiple": 3.0, "kl_ema": 0.5, "kl_warmup": 3})
     assert _fire(cfg, len(kl), kl) == [19]  # 0.25 < 3 x 0.1 does not fire; 0.45 does
     early = [1.0] + [0.1] * 3  # no history yet: the multiple does not apply during warm-up
-    assert _fire(ResetConfig(trigger="kl_spike", kl_multiple=3.0, kl_warmup=3), 4, early) == []
+    assert _fire(ResetConfig(trigger="kl_spike", params={"kl_multiple": 3.0, "kl_warmup": 3}), 4, early) == []
 
 
 def test_stall_fires_after_patience_evaluations_without_improvement():
     val = {10: 0.2, 20: 0.3, 30: 0.3, 40: 0.29, 50: 0.5, 60: 0.5, 70: 0.6}
-    cfg = ResetConfig(trigger="stall", patience=2)
+    cfg = ResetConfig(trigger="stall", params={"patience": 2})
     assert _fire(cfg, 70, val=val) == [40]  # 30 and 40 did not beat 0.3
-    cfg = ResetConfig(trigger="stall", patience=2, min_delta=0.15)
+    cfg = ResetConfig(trigger="stall", params={"patience": 2, "min_delta": 0.15})
     # with min_delta 0.15: 0.3 is not > 0.2 + 0.15 -> stale at 20, 30 -> reset at 30; after it
     # the baseline restarts at 40 (0.29), 50 improves, 60 and 70 are stale -> reset at 70
     assert _fire(cfg, 70, val=val) == [30, 70]
@@ -204,7 +209,7 @@ def test_stall_fires_after_patience_evaluations_without_improvement():
 
 def test_stall_condition_during_spacing_is_dropped():
     val = {t: 0.1 for t in range(5, 101, 5)}
-    cfg = ResetConfig(trigger="stall", patience=1, min_spacing=12)
+    cfg = ResetConfig(trigger="stall", min_spacing=12, params={"patience": 1})
     fired = _fire(cfg, 100, val=val)
     assert all(b - a >= 12 for a, b in zip(fired, fired[1:])) and len(fired) >= 3
 

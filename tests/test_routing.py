@@ -192,10 +192,14 @@ def test_detectors_on_hand_written_completions():
 @pytest.mark.parametrize(
     "name,params,match",
     [
-        ("pattern", {}, "detector.params.regex=None"),
-        ("pattern", {"regex": "("}, "detector.params.regex='\\('"),
-        ("pattern", {"regex": "7$", "flags": 1}, "unknown \\['flags'\\]"),
-        ("reward_field", {"threshold": "high"}, "detector.params.threshold='high'"),
+        ("pattern", {}, "detector.regex=None: Structured config of type `PatternParams` has missing mandatory"),
+        ("pattern", {"regex": "("}, "detector.regex='\\('"),
+        (
+            "pattern",
+            {"regex": "7$", "flags": 1},
+            "unknown config key detector.flags: detector 'pattern' takes detector.regex",
+        ),
+        ("reward_field", {"threshold": "high"}, "detector.threshold='high'"),
     ],
 )
 def test_detector_params_are_checked(name, params, match):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from prorl_bench.config import ConfigError
+from prorl_bench.rl.advantages import advantage_estimator
 from prorl_bench.run.routing import Router, penalized, route_backward, subset_advantages
 from prorl_bench.tasks import detectors
 from prorl_bench.tasks.base import Problem
@@ -111,27 +112,33 @@ def _z(x: list[float]) -> list[float]:
 
 def test_split_advantages_against_a_hand_computation():
     valid = ~LABELS.view(2, 4)
-    got = subset_advantages("grpo", REWARDS, valid)
+    got = subset_advantages(advantage_estimator("grpo"), REWARDS, valid)
     # group 0: unlabelled rewards [1, 0]: mean 0.5, std sqrt(0.5); group 1: [0, 0, 1]: mean 1/3, std sqrt(1/3)
     a0 = 0.5 / (math.sqrt(0.5) + 1e-6)
     b1 = (1 / 3) / (math.sqrt(1 / 3) + 1e-6)
     want = torch.tensor([[a0, -a0, 0.0, 0.0], [-b1, -b1, 2 * b1, 0.0]])
     torch.testing.assert_close(got, want)
-    one = subset_advantages("grpo", REWARDS, torch.tensor([[True, False, False, False], [True] * 4]))
+    one = subset_advantages(
+        advantage_estimator("grpo"), REWARDS, torch.tensor([[True, False, False, False], [True] * 4])
+    )
     assert one[0].tolist() == [0.0, 0.0, 0.0, 0.0]  # a subset of one: no baseline, no advantage
-    flat = subset_advantages("grpo", torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[True, True, False]]))
+    flat = subset_advantages(
+        advantage_estimator("grpo"), torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[True, True, False]])
+    )
     assert flat.tolist() == [[0.0, 0.0, 0.0]]  # an all-equal subset carries no signal
-    loo = subset_advantages("rloo", REWARDS, valid)  # leave-one-out within the subset
+    loo = subset_advantages(advantage_estimator("rloo"), REWARDS, valid)  # leave-one-out within the subset
     torch.testing.assert_close(loo[1], torch.tensor([-0.5, -0.5, 1.0, 0.0]))
 
 
 def test_routed_split_gives_each_adapter_its_own_advantages(monkeypatch):
     r = _router(monkeypatch, ["adapter=dual_lora", "route.advantages=split"])
-    adv, retain = r.advantages("grpo", REWARDS, 1e-6)
+    adv, retain = r.advantages(REWARDS)
     torch.testing.assert_close(adv.view(2, 4), torch.tensor([_z([1, 0, 0.5, 0.5]), _z([0, 0, 1, 0.5])]))
-    torch.testing.assert_close(retain, subset_advantages("grpo", REWARDS, ~LABELS.view(2, 4)).flatten())
+    torch.testing.assert_close(
+        retain, subset_advantages(advantage_estimator("grpo"), REWARDS, ~LABELS.view(2, 4)).flatten()
+    )
     g = _router(monkeypatch, ["adapter=dual_lora"])  # group: one set of advantages
-    adv_g, none = g.advantages("grpo", REWARDS, 1e-6)
+    adv_g, none = g.advantages(REWARDS)
     assert none is None and torch.equal(adv_g, adv)
 
 
@@ -139,12 +146,12 @@ def test_filter_drops_labelled_rows_and_equals_the_unlabelled_batch(monkeypatch)
     f = _router(monkeypatch, ["adapter=lora", "route.use=filter", "route.advantages=split"])
     rows = f.update_rows(torch.arange(8))
     assert rows.tolist() == [0, 1, 4, 5, 6]
-    adv, none = f.advantages("grpo", REWARDS, 1e-6)
+    adv, none = f.advantages(REWARDS)
     assert none is None
     # split filter = the labelled samples never existed: GRPO over each group's unlabelled rewards
     torch.testing.assert_close(adv[rows], torch.tensor(_z([1, 0]) + _z([0, 0, 1])))
     fg = _router(monkeypatch, ["adapter=lora", "route.use=filter"])  # group: whole-group statistics
-    torch.testing.assert_close(fg.advantages("grpo", REWARDS, 1e-6)[0][rows], torch.tensor(
+    torch.testing.assert_close(fg.advantages(REWARDS)[0][rows], torch.tensor(
         [_z([1, 0, 0.5, 0.5])[i] for i in (0, 1)] + [_z([0, 0, 1, 0.5])[i] for i in (0, 1, 2)]))  # fmt: skip
     assert f.forward(None, rows) is not None and f.metrics()["route/labelled_frac"] == 3 / 8
 
@@ -155,7 +162,7 @@ def test_filter_loss_and_gradient_equal_the_loss_over_unlabelled_rows(monkeypatc
     f = _router(monkeypatch, ["adapter=lora", "route.use=filter"])
     n = _net()
     x = torch.randn(8, 6)
-    adv = f.advantages("grpo", REWARDS, 1e-6)[0]
+    adv = f.advantages(REWARDS)[0]
 
     def loss_and_grad(rows):
         n.zero_grad()
@@ -176,7 +183,7 @@ def test_penalize_subtracts_the_penalty_before_advantages(monkeypatch):
     shaped = p.shape_rewards(REWARDS)
     d = 0.5 - BONUS  # a labelled 0.5 loses the bonus
     torch.testing.assert_close(shaped, torch.tensor([[1.0, 0.0, d, d], [0.0, 0.0, 1.0, d]]))
-    adv, none = p.advantages("grpo", shaped, 1e-6)
+    adv, none = p.advantages(shaped)
     assert none is None
     torch.testing.assert_close(adv, torch.tensor(_z([1, 0, d, d]) + _z([0, 0, 1, d])))
     assert p.update_rows(torch.arange(8)).tolist() == list(range(8))  # nothing dropped

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import searchpath
-from prorl_bench.cli.confhelp import register_help
-from prorl_bench.config import ConfigError, register_configs, to_config
+from prorl_bench.cli.confhelp import force_option_params, register_help
+from prorl_bench.config import ConfigError, complete, register_configs, to_config
 from prorl_bench.run import provenance
 from prorl_bench.run.outputs import SAMPLES, read_jsonl, write_summary
 from prorl_bench.run.record import RecordSnapshot, drop_finished_copies, failed_summary
@@ -103,6 +104,7 @@ def _run(cfg: DictConfig, prov: dict[str, Any]) -> float:
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    cfg = _completed(cfg)  # each option's section: its own keys, defaults filled (config_resolved.yaml)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else Path(hc.runtime.output_dir)
     had_run = has_previous_run(run_dir)  # its record must survive a refused start
     snapshot = RecordSnapshot.take(run_dir) if had_run else None
@@ -199,6 +201,17 @@ def final_report(run_dir: Path, summary: dict[str, Any], n_prompts: int = 3, n_s
     return "\n".join(lines)
 
 
+def _completed(cfg: DictConfig) -> DictConfig:
+    """``config.complete(cfg)``; the composed ``cfg`` unchanged when it does not validate (``to_config``
+    then reports the error, recorded as any other)."""
+    try:
+        with warnings.catch_warnings():  # to_config warns once, below
+            warnings.simplefilter("ignore")
+            return complete(cfg)
+    except ConfigError:
+        return cfg
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> float:
     return run(cfg)
@@ -219,6 +232,7 @@ def main() -> None:
     if problem:
         print(problem, file=sys.stderr)
         raise SystemExit(2)
+    sys.argv[1:] = force_option_params(args)  # reset.trigger=X reset.<X's parameter>=v: no "+" needed
     hydra_main()
 
 

@@ -48,10 +48,12 @@ def check(args: Sequence[str]) -> str | None:
         return None
     if any(f.startswith(OTHER_CONFIG) for f in flags):
         return None
-    overrides = _overrides(args)
     problem = names_problem(args)
     if problem:
         return problem
+    from prorl_bench.cli.confhelp import force_option_params
+
+    overrides = _overrides(force_option_params(list(args)))  # as main() hands them to Hydra
     if flags & MULTIRUN:
         return ray_problem(overrides) or slurm_problem(overrides)
     if flags & INFO_FLAGS:

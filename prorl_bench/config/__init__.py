@@ -57,10 +57,11 @@ from prorl_bench.config.enums import (
 )
 from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
 from prorl_bench.config.model import POSITIONS, AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
-from prorl_bench.config.root import GRID_KEYS, MAX_SEED, Config, register_configs, to_config
+from prorl_bench.config.root import GRID_KEYS, MAX_SEED, Config, as_dict, register_configs
 from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
 from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
 from prorl_bench.config.task import CodeTaskConfig, ReasoningGymConfig, TaskConfig
+from prorl_bench.config.validate import complete, to_config
 from prorl_bench.registry import ConfigError
 
 __all__ = [
@@ -70,6 +71,8 @@ __all__ = [
     "GRID_KEYS",
     "MAX_SEED",
     "register_configs",
+    "complete",
+    "as_dict",
     "to_config",
     # groups
     "AdapterConfig",

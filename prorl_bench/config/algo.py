@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_bench import registry
-from prorl_bench.config.enums import AdamWImpl, K2Mode, KLControlKind, KLPlacement, LossAgg
+from prorl_bench.config.enums import AdamWImpl, KLControlKind, KLPlacement, LossAgg
+from prorl_bench.config.options import bind_params
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
@@ -20,7 +21,7 @@ class VariantConfig:
     # where reference logprobs come from (registry.REFERENCES; reference.py): recompute | cached | buffered | none
     reference: str = "cached"
     resets: bool = False  # the reference may be reset (reset.trigger); the C preset
-    params: dict[str, Any] = field(default_factory=dict)  # the reference strategy's own parameters (checked by it)
+    params: Any = None  # the reference strategy's parameters (its dataclass instance; flat keys variant.<name>)
 
     @classmethod
     def preset(cls, name: str) -> VariantConfig:
@@ -29,7 +30,7 @@ class VariantConfig:
         return cls(name=name, reference=reference, resets=resets)
 
     def __post_init__(self) -> None:
-        registry.REFERENCES.params(registry.REFERENCES.check(self.reference), self.params, "variant.params")
+        self.params = bind_params(registry.REFERENCES, self.reference, self.params)
         _require(self.name.isidentifier(), "variant.name", self.name, "an identifier (it labels outputs)")
         preset = VARIANT_PRESETS.get(self.name)
         if preset is not None:
@@ -57,18 +58,16 @@ class KLConfig:
     """Per-token KL estimator; see prorl_bench/rl/kl.py for the formulas."""
 
     name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS; kl.py has the built-ins)
-    params: dict[str, Any] = field(default_factory=dict)  # the estimator's own parameters (checked by it)
     # loss: beta*KL in the loss (GRPO); reward: -beta*KL folded into the reward (PPO-RLHF)
     placement: KLPlacement = KLPlacement.loss
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
     kl_clamp: float = 10.0  # estimators registered clamped=True (k3): per-token value clamped to +-kl_clamp (kl.py)
-    # theta_over_ref; or ref_over_old (ProRL v2 blog formula, reward placement only)
-    k2_mode: K2Mode = K2Mode.theta_over_ref
+    params: Any = None  # the estimator's parameters (its dataclass instance; flat keys kl_estimator.<name>)
 
     def __post_init__(self) -> None:
         _require(self.log_ratio_clamp > 0, "kl_estimator.log_ratio_clamp", self.log_ratio_clamp, "> 0")
         _require(self.kl_clamp > 0, "kl_estimator.kl_clamp", self.kl_clamp, "> 0")
-        registry.KL_ESTIMATORS.params(registry.KL_ESTIMATORS.check(self.name), self.params, "kl_estimator.params")
+        self.params = bind_params(registry.KL_ESTIMATORS, self.name, self.params)
         _require(
             not (registry.KL_ESTIMATORS.meta(self.name).get("reward_only") and self.placement == KLPlacement.loss),
             "kl_estimator.placement",
@@ -83,7 +82,6 @@ class AlgoConfig:
     """RL algorithm knobs. lr in AdamW units; beta multiplies the KL term."""
 
     advantage: str = "grpo"  # a registered estimator (registry.ADVANTAGES; advantages.py has the built-ins)
-    advantage_params: dict[str, Any] = field(default_factory=dict)  # the estimator's own parameters (checked by it)
     prompts_per_step: int = 8  # prompts per RL step (verl train_batch_size); the batch is prompts_per_step*group_size
     group_size: int = 8  # samples per prompt (TRL num_generations, verl rollout.n)
     temperature: float = 1.0  # sampling temperature; logprobs are of logits/temperature
@@ -114,11 +112,10 @@ class AlgoConfig:
     # the per-token loss is capped at clip_ratio_c * |A|, so one token with a huge ratio cannot
     # dominate the update. null disables it; verl's default when enabled is 3.0.
     clip_ratio_c: float | None = None
+    params: Any = None  # the estimator's parameters (its dataclass instance; flat keys algo.<name>)
 
     def __post_init__(self) -> None:
-        registry.ADVANTAGES.params(
-            registry.ADVANTAGES.check(self.advantage), self.advantage_params, "algo.advantage_params"
-        )
+        self.params = bind_params(registry.ADVANTAGES, self.advantage, self.params)
         if self.clip_ratio_c is not None:
             _require(self.clip_ratio_c > 1, "algo.clip_ratio_c", self.clip_ratio_c, "> 1 (or null to disable)")
         _require(self.prompts_per_step >= 1, "algo.prompts_per_step", self.prompts_per_step, ">= 1")

@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from prorl_bench.config.root import Config
+
 Given = Mapping[str, str]  # every ``key=value`` of the command line, keys without "+"/"++"
 Convert = Callable[[str, Given], "tuple[list[str], str]"]  # value -> (our overrides, note)
 
@@ -87,9 +89,7 @@ def _first(given: Given, *keys: str) -> str | None:
 
 def _default(path: str):
     """The schema default of a bench key (``algo.group_size`` -> 8), read from ``config.Config``."""
-    from prorl_bench import registry  # the schema is registered by config/root.py (which imports this module)
-
-    obj = registry.schema()()
+    obj = Config()
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj

@@ -3,48 +3,38 @@ adapter rank during a run (variant C's resets, rank growth)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_bench import registry
 from prorl_bench.config.enums import GrowthKind, Migration, StallMetric, StepPolicy
+from prorl_bench.config.options import bind_params
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
 
 @dataclass
 class ResetConfig:
-    """Reference-reset trigger (variant C). ``min_spacing``: no two resets closer than this (steps)."""
+    """Reference-reset trigger (variant C). ``min_spacing``: no two resets closer than this (steps).
+
+    The trigger's own parameters are flat keys of this section (``reset.every`` for periodic,
+    ``reset.kl_threshold`` for kl_spike): each trigger registers a dataclass of them (rl/resets.py);
+    ``params`` holds its checked instance (``config/options.py`` moves the keys there)."""
 
     trigger: str = "none"  # a registered trigger (registry.RESET_TRIGGERS; resets.py has the built-ins)
-    every: int = 50  # periodic / polyak period (steps)
-    kl_threshold: float | None = None  # kl_spike: absolute threshold on kl/ref
-    kl_multiple: float | None = None  # kl_spike: threshold as a multiple of the running mean
-    kl_ema: float = 0.9  # kl_spike: decay of the running mean of kl/ref
-    kl_warmup: int = 5  # kl_spike: steps of running-mean history before the multiple applies
-    metric: StallMetric = StallMetric.success_greedy  # stall: held-out metric watched
-    patience: int = 2  # stall: evaluations without improvement before a reset
-    min_delta: float = 0.0  # stall: an improvement must exceed the best by more than this
+    # held-out metric fed to the trigger (stall) and to growth.on_stall: success_greedy | success_sampled | reward_mean
+    metric: StallMetric = StallMetric.success_greedy
     # what a reset does, whatever triggers it: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref.
     # null = the trigger's default (1, a copy; polyak 0.6 = TRL ref_model_mixup_alpha)
     alpha: float | None = None
     min_spacing: int = 0  # no two resets closer than this (steps); a condition inside it is dropped
     restore_beta: bool = False  # reset the adaptive KL coefficient to its initial value
-    params: dict[str, Any] = field(default_factory=dict)  # the trigger's own parameters (checked by it)
+    params: Any = None  # the trigger's parameters (its dataclass instance; flat keys reset.<name>)
 
     def __post_init__(self) -> None:
-        _require(self.every >= 1, "reset.every", self.every, ">= 1")
         _require(self.min_spacing >= 0, "reset.min_spacing", self.min_spacing, ">= 0")
         _require(self.alpha is None or 0 < self.alpha <= 1, "reset.alpha", self.alpha, "null or in (0, 1]")
-        _require(0 <= self.kl_ema < 1, "reset.kl_ema", self.kl_ema, "in [0, 1)")
-        _require(self.kl_warmup >= 0, "reset.kl_warmup", self.kl_warmup, ">= 0")
-        _require(self.patience >= 1, "reset.patience", self.patience, ">= 1")
-        _require(self.min_delta >= 0, "reset.min_delta", self.min_delta, ">= 0")
-        _require(
-            self.kl_threshold is None or self.kl_threshold > 0, "reset.kl_threshold", self.kl_threshold, "null or > 0"
-        )
-        _require(self.kl_multiple is None or self.kl_multiple > 1, "reset.kl_multiple", self.kl_multiple, "null or > 1")
-        registry.RESET_TRIGGERS.params(self.trigger, self.params, "reset.params")
+        self.params = bind_params(registry.RESET_TRIGGERS, self.trigger, self.params)
         registry.RESET_TRIGGERS[self.trigger].validate(self)  # the trigger's own requirements
 
 
@@ -53,23 +43,19 @@ class OptResetConfig:
     """What a reset does to AdamW's state. Every kind states its ``step`` policy explicitly.
 
     ``rewarmup_steps`` > 0 ramps the LR linearly from lr/N back to lr over N steps after a reset.
+    The transform's own parameters are flat keys of this section (``opt_reset.factor`` for soft,
+    ``opt_reset.m_factor``/``v_factor`` for asym; rl/opt_state.py); ``params`` holds their instance.
     """
 
     kind: str = "keep"  # a registered transform (registry.OPT_TRANSFORMS; opt_state.py has the built-ins)
-    factor: float = 0.1  # soft: m and v scaled by this
-    m_factor: float = 0.0  # asym: first moment scaled by this
-    v_factor: float = 1.0  # asym: second moment scaled by this
     step: StepPolicy = StepPolicy.keep  # keep | reset AdamW's step counter (bias correction) at a reset
     rewarmup_steps: int = 0  # after a reset ramp the LR from lr/N back to lr over N steps (0 = off)
-    params: dict[str, Any] = field(default_factory=dict)  # the transform's own parameters (checked by it)
+    params: Any = None  # the transform's parameters (its dataclass instance; flat keys opt_reset.<name>)
 
     def __post_init__(self) -> None:
-        for key in ("factor", "m_factor", "v_factor"):
-            val = getattr(self, key)
-            _require(0.0 <= val <= 1.0, f"opt_reset.{key}", val, "in [0, 1]")
         _require(self.rewarmup_steps >= 0, "opt_reset.rewarmup_steps", self.rewarmup_steps, ">= 0")
+        self.params = bind_params(registry.OPT_TRANSFORMS, self.kind, self.params)
         # a transform may fix the step policy (hard must equal a fresh optimizer; keep changes nothing)
-        registry.OPT_TRANSFORMS.params(registry.OPT_TRANSFORMS.check(self.kind), self.params, "opt_reset.params")
         meta = registry.OPT_TRANSFORMS.meta(self.kind)
         if meta.get("step") is not None:
             _require(

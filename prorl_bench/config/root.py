@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -13,9 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 from prorl_bench import registry
 from prorl_bench.config.algo import AlgoConfig, KLConfig, KLControlConfig, VariantConfig
 from prorl_bench.config.engine import EngineConfig
-from prorl_bench.config.enums import AdapterKind, GrowthKind, K2Mode, KLControlKind, KLPlacement, ModelKind, PromptStyle
+from prorl_bench.config.enums import AdapterKind, GrowthKind, KLControlKind, KLPlacement, ModelKind, PromptStyle
 from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
 from prorl_bench.config.model import AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
+from prorl_bench.config.options import PARAMS, SECTIONS, flat_params, split_section
 from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
 from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
 from prorl_bench.config.study import StudyConfig
@@ -73,13 +74,6 @@ class Config:
             placement.value,
             f"'loss' with variant {v.name} (reference={v.reference}: A0 recomputes reference logprobs for a "
             "loss term; B has no reference model to fold into the reward)",
-        )
-        _require(
-            not (self.kl_estimator.k2_mode == K2Mode.ref_over_old and placement == KLPlacement.loss),
-            "kl_estimator.k2_mode",
-            self.kl_estimator.k2_mode.value,
-            "'theta_over_ref' with placement=loss (ref_over_old has no gradient w.r.t. theta; it can "
-            "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
         )
         _require(
             self.reset.trigger == "none" or (v.resets and registry.REFERENCES.meta(v.reference)["model"]),
@@ -163,15 +157,12 @@ class Config:
 MAX_SEED = 2**24
 
 
-registry.set_schema(Config)  # aliases.py reads the defaults through the registry (no import cycle)
-
-
 def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
-    """No float anywhere in the config may be NaN or infinite."""
+    """No float anywhere in the config may be NaN or infinite (an option's parameters included: flat keys)."""
     for f in fields(obj):
         val = getattr(obj, f.name)
         if is_dataclass(val):
-            _reject_nonfinite(val, f"{prefix}{f.name}.")
+            _reject_nonfinite(val, prefix if f.name == PARAMS else f"{prefix}{f.name}.")
         elif isinstance(val, float):
             _require(math.isfinite(val), f"{prefix}{f.name}", val, "a finite number")
 
@@ -219,71 +210,44 @@ def register_configs() -> None:
     (``prorl-bench --help``'s key list is ``confhelp.register_help``'s, called by the CLI.)"""
     register_resolvers()  # ${prorl_bench_sweeps:} in hydra.searchpath (conf/config.yaml)
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    cs.store(name="base_config", node=hydra_node())
+
+
+def hydra_node() -> dict[str, Any]:
+    """The schema's defaults as the untyped node Hydra composes onto: an axis's section then takes
+    the selected option's flat keys from its YAML (``reset/periodic.yaml``: ``every: 50``) without
+    carrying every other option's. ``to_config`` types and checks everything after composition."""
+    node = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
+    for section in SECTIONS:
+        node[section].pop(PARAMS, None)
+    return node
+
+
+def split_options(cfg: DictConfig) -> DictConfig:
+    """A resolved copy of the composed ``cfg`` with every axis's flat option keys moved into its
+    section's ``params``, and without the named grid's own top-level keys (``GRID_KEYS``)."""
+    try:
+        node = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as e:  # an interpolation that does not resolve
+        raise ConfigError(str(e).replace("\n", "; ")) from e
+    for key in GRID_KEYS:
+        node.pop(key, None)
+    schema = Config()
+    for section in SECTIONS:
+        if isinstance(node.get(section), dict):
+            node[section] = split_section(node[section], section, type(getattr(schema, section)))
+    return OmegaConf.create(node)
+
+
+def as_dict(conf: Config) -> dict[str, Any]:
+    """``dataclasses.asdict(conf)`` with each option's parameters as flat keys of its section, as the
+    composed config holds them (what checkpoints store and ``to_config`` reads back)."""
+    out = asdict(conf)
+    for section in SECTIONS:
+        out[section].pop(PARAMS, None)
+        out[section].update(flat_params(getattr(conf, section)))
+    return out
 
 
 # Keys a named grid adds at the top level through `+group=option` (content packaged _global_).
 GRID_KEYS = {"sweep", "arm", "kl_setup"}
-
-
-def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
-    """Keys of the composed config that the dataclass schema does not have (free-form dicts skipped)."""
-    if not is_dataclass(schema) or not isinstance(node, DictConfig):
-        return []
-    names = {f.name for f in fields(schema)}
-    bad = []
-    for key in node.keys():
-        path = f"{prefix}{key}"
-        if key not in names:
-            if not (prefix == "" and key in GRID_KEYS):
-                bad.append(path)
-            continue
-        bad += _unknown_keys(node._get_node(key), getattr(schema, key), f"{path}.")
-    return bad
-
-
-def _suggest(path: str, value: Any = None) -> str:
-    import difflib
-
-    from prorl_bench.config.aliases import translate  # TRL / verl names: one table, also used before Hydra
-
-    hint = translate(path, str(value), {}, frozenset(f.name for f in fields(Config)))
-    if hint is not None:
-        return "; " + hint.message(path).split(": ", 1)[-1]
-    leaf = path.rsplit(".", 1)[-1]
-    parent = path.rsplit(".", 1)[0] if "." in path else ""
-    schema: Any = Config()
-    for part in [p for p in parent.split(".") if p]:
-        schema = getattr(schema, part, None)
-    if is_dataclass(schema):
-        close = difflib.get_close_matches(leaf, [f.name for f in fields(schema)], n=3, cutoff=0.6)
-        if close:
-            return "; did you mean " + " or ".join(f"{parent + '.' if parent else ''}{c}" for c in close) + "?"
-    return ""
-
-
-def to_config(cfg: DictConfig) -> Config:
-    """Validate a composed config and return typed dataclasses (raises ConfigError).
-
-    Unknown keys are an error however they arrive: Hydra lets ``+algo.learning_rate=1e-5`` add a key
-    the schema does not have, and ``OmegaConf.to_object`` would then drop it silently — the run would
-    train with the default and record the override as applied.
-    """
-    registry.load_plugins(cfg.get("plugins") or [])  # their options must exist before validation
-    unknown = _unknown_keys(cfg, Config())
-    if unknown:
-        raise ConfigError(
-            "unknown config key"
-            + ("s " if len(unknown) > 1 else " ")
-            + ", ".join(f"{k}{_suggest(k, OmegaConf.select(cfg, k))}" for k in unknown)
-            + " (see `prorl-bench --cfg job` for every key)"
-        )
-    try:
-        obj = OmegaConf.to_object(cfg)
-    except ConfigError:
-        raise
-    except Exception as e:  # OmegaConf validation (type, enum, missing key)
-        raise ConfigError(str(e)) from e
-    if not isinstance(obj, Config):
-        raise ConfigError(f"composed config is {type(obj).__name__}, expected Config")
-    return obj

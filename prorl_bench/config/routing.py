@@ -3,11 +3,12 @@ The combinations with ``adapter`` are checked across groups in root.py (``_check
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from prorl_bench import registry
+from prorl_bench.config.options import bind_params
 from prorl_bench.registry import ConfigError
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
@@ -19,17 +20,16 @@ class DetectorConfig:
     showing the unwanted behaviour or not. Labelled samples train only the forget adapter."""
 
     name: str = "none"  # a registered detector (registry.DETECTORS): none | pattern | reward_field
-    params: dict[str, Any] = field(default_factory=dict)  # the detector's parameters (checked by it)
     # Partial oversight (prorl_bench/tasks/detectors.py Oversight; docs/routing.md): the labels the run sees
     recall: float = 1.0  # share of the detector's positives reported (misses: a seeded stream, same in every arm)
     false_positive_rate: float = 0.0  # share of the detector's negatives reported anyway (same stream)
     miss_pattern: str | None = None  # a systematic blind spot: completions matching this regex are never reported
+    params: Any = None  # the detector's parameters (its dataclass instance; flat keys detector.<name>)
 
     def __post_init__(self) -> None:
         import re
 
-        registry.DETECTORS.check(self.name)
-        registry.DETECTORS[self.name].validate(self.params)
+        self.params = bind_params(registry.DETECTORS, self.name, self.params)
         _require(0.0 <= self.recall <= 1.0, "detector.recall", self.recall, "in [0, 1]")
         _require(
             0.0 <= self.false_positive_rate <= 1.0,

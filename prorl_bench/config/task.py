@@ -9,6 +9,7 @@ from typing import Any
 from prorl_bench import registry
 from prorl_bench.config.chat_template import resolve_chat_template
 from prorl_bench.config.enums import PromptStyle, RewardKind
+from prorl_bench.config.options import bind_params
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
@@ -86,7 +87,6 @@ class TaskConfig:
     """
 
     name: str = "reverse_digits"  # a registered task (registry.TASKS; tasks.py lists the built-ins)
-    params: dict[str, Any] = field(default_factory=dict)  # the task's own parameters (checked by it)
     min_len: int = 3  # shortest input (symbols; per operand for add) of a built-in task
     max_len: int = 5  # longest input (symbols); sets the completion budget of built-in tasks
     # exact: 1 iff the completion equals the target; partial: fraction of positions right
@@ -101,9 +101,10 @@ class TaskConfig:
     # chat prompts of HF tasks (gsm, math_jsonl, code, reasoning_gym chat): a Jinja chat template, or a
     # file holding one, instead of the tokenizer's own; null = the tokenizer's
     chat_template: str | None = None
+    params: Any = None  # the task's parameters (its dataclass instance; flat keys task.<name>)
 
     def __post_init__(self) -> None:
-        registry.TASKS.params(registry.TASKS.check(self.name), self.params, "task.params")
+        self.params = bind_params(registry.TASKS, self.name, self.params)
         check = registry.TASKS.meta(self.name).get("check_config")
         if check is not None:  # the task checks the keys it owns (task.path for math_jsonl)
             check(self)

@@ -7,13 +7,14 @@ Adding an estimator: a function ``(rewards (N, G), eps) -> advantages (N, G)`` d
 ``@ADVANTAGES.register("name")`` (here or in a plugin module, docs/extending.md); ``algo.advantage=name``
 then selects it. Metadata it may declare: ``centres_per_group=False`` when its advantages are not
 centred within each group (an all-equal group then keeps what the estimator gives it, instead of
-exactly 0; e.g. batch whitening); ``params=MyParams`` (a dataclass) to take ``algo.advantage_params``,
-passed as ``params=``.
+exactly 0; e.g. batch whitening); ``params=MyParams`` (a dataclass whose fields are flat keys of the
+``algo`` section, ``algo.clip``), passed as ``params=``. A run binds the estimator once
+(``advantage_estimator``) and every path that computes advantages (routing's split path too) calls it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,10 +56,13 @@ def dr_grpo(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return rewards - rewards.mean(dim=1, keepdim=True)
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, eps: float = 1e-6, params: Any = None) -> torch.Tensor:
-    """Advantages (N, G); a group whose rewards are all equal gets exactly 0 (estimators centred per
-    group). ``params``: the estimator's parameters (``algo.advantage_params`` as a mapping, or the
-    instance of its params dataclass).
+AdvantageFn = Callable[[torch.Tensor], torch.Tensor]  # rewards (N, G) -> advantages (N, G)
+
+
+def advantage_estimator(name: str, params: Any = None, eps: float = 1e-6) -> AdvantageFn:
+    """Estimator ``name`` with its parameters (``algo.<param>``: the checked instance, or a mapping
+    checked here, once) and ``eps`` bound: ``rewards (N, G) -> advantages (N, G)``, a group whose
+    rewards are all equal getting exactly 0 (estimators centred per group).
 
     In float32 a group whose rewards are all equal but not exactly representable (0.6, 1/3, partial
     credit) gets mean != each reward by rounding, so after the std division |A| reaches ~0.06 with
@@ -68,15 +72,22 @@ def compute_advantages(name: str, rewards: torch.Tensor, eps: float = 1e-6, para
     over the batch, which moves flat groups by design; it is left as defined (registered with
     ``centres_per_group=False``).
     """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must be (prompts, group>=2), got shape {tuple(rewards.shape)}")
-    if params is None or isinstance(params, Mapping):
-        params = ADVANTAGES.params(name, params, "algo.advantage_params")
-    fn = ADVANTAGES[name]
-    adv = fn(rewards, eps) if params is None else fn(rewards, eps, params=params)
-    if ADVANTAGES.meta(name).get("centres_per_group", True):
-        adv = adv.masked_fill(~informative_groups(rewards)[:, None], 0.0)
-    return adv
+    fn = ADVANTAGES.build(name, params)
+    centred = fn.meta.get("centres_per_group", True)
+
+    def advantages(rewards: torch.Tensor) -> torch.Tensor:
+        if rewards.dim() != 2 or rewards.shape[1] < 2:
+            raise ValueError(f"rewards must be (prompts, group>=2), got shape {tuple(rewards.shape)}")
+        adv = fn(rewards, eps)
+        return adv.masked_fill(~informative_groups(rewards)[:, None], 0.0) if centred else adv
+
+    return advantages
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, eps: float = 1e-6, params: Any = None) -> torch.Tensor:
+    """Advantages (N, G) of ``rewards`` by estimator ``name`` (a one-off: a run binds its estimator
+    once with ``advantage_estimator``)."""
+    return advantage_estimator(name, params, eps)(rewards)
 
 
 def informative_groups(rewards: torch.Tensor) -> torch.Tensor:

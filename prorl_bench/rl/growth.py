@@ -63,8 +63,8 @@ class GrowthSchedule:
 
     def __init__(self, cfg: GrowthConfig, metric: StallMetric) -> None:
         self.cfg = cfg
-        self.periodic = ResetSchedule(ResetConfig(trigger="periodic", every=max(cfg.grow_every, 1)))
-        self.stall = ResetSchedule(ResetConfig(trigger="stall", patience=cfg.patience, metric=metric))
+        self.periodic = ResetSchedule(ResetConfig(trigger="periodic", params={"every": max(cfg.grow_every, 1)}))
+        self.stall = ResetSchedule(ResetConfig(trigger="stall", metric=metric, params={"patience": cfg.patience}))
 
     def observe_validation(self, value: float) -> None:
         if self.cfg.on_stall:

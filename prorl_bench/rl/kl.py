@@ -18,19 +18,22 @@ for l << 0; its price, stated: no KL gradient where k3 > 10, i.e. l < -2.61 or l
 Adding an estimator: ``@KL_ESTIMATORS.register("name", reward_only=..., clamped=...)`` on a function
 ``(logp, logp_ref, log_ratio_clamp) -> per-token values``; ``reward_only=True`` forbids it as a loss
 term (config error), ``clamped=True`` clamps its value to +-kl_clamp, ``params=MyParams`` (a
-dataclass) takes ``kl_estimator.params`` (passed as ``params=``), and ``reward_form=fn(k, logp_ref,
-logp_old)`` may give the per-token penalty folded into the reward its own form (k2: the ProRL v2
-``ref_over_old`` formula when ``kl_estimator.k2_mode`` asks for it; None = the estimator itself).
+dataclass whose fields are flat keys of the ``kl_estimator`` section) is passed as ``params=``, and
+``reward_form=fn(params, logp_ref, logp_old)`` may give the per-token penalty folded into the reward
+its own form (k2: the ProRL v2 ``ref_over_old`` formula when ``kl_estimator.k2_mode`` asks for it;
+None = the estimator itself). A run binds the estimator once (``build_kl``): nothing is looked up
+or checked per call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prorl_bench.registry import KL_ESTIMATORS
+from prorl_bench.config.enums import K2Mode, KLPlacement
+from prorl_bench.registry import KL_ESTIMATORS, require
 
 
 def log_ratio(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
@@ -43,14 +46,34 @@ def k1(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch
     return logp - logp_ref
 
 
-def _k2_reward_form(k: Any, logp_ref: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor | None:
+@dataclass
+class K2Params:
+    # theta_over_ref; or ref_over_old (ProRL v2 blog formula as the reward penalty, reward placement only)
+    k2_mode: K2Mode = K2Mode.theta_over_ref
+
+
+def _k2_reward_form(params: K2Params, logp_ref: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor | None:
     """``kl_estimator.k2_mode=ref_over_old``: the ProRL v2 blog formula as the reward penalty."""
-    return k2_ref_over_old(logp_ref, logp_old) if k.k2_mode == "ref_over_old" else None
+    return k2_ref_over_old(logp_ref, logp_old) if params.k2_mode == K2Mode.ref_over_old else None
 
 
-@KL_ESTIMATORS.register("k2", reward_only=False, clamped=False, reward_form=_k2_reward_form)
-def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
-    """``clamp`` unused (no exp): the gradient is l everywhere."""
+def _check_k2(cfg: Any) -> None:
+    k = cfg.kl_estimator
+    require(
+        not (k.params.k2_mode == K2Mode.ref_over_old and k.placement == KLPlacement.loss),
+        "kl_estimator.k2_mode",
+        k.params.k2_mode.value,
+        "'theta_over_ref' with placement=loss (ref_over_old has no gradient w.r.t. theta; it can "
+        "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
+    )
+
+
+@KL_ESTIMATORS.register(
+    "k2", reward_only=False, clamped=False, reward_form=_k2_reward_form, params=K2Params, check=_check_k2
+)
+def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0, params: K2Params | None = None) -> torch.Tensor:
+    """``clamp`` unused (no exp): the gradient is l everywhere. ``params.k2_mode`` only changes the
+    reward-side penalty (``_k2_reward_form``)."""
     return 0.5 * (logp - logp_ref).square()
 
 
@@ -58,6 +81,33 @@ def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch
 def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     neg = -log_ratio(logp, logp_ref, clamp)  # log r
     return torch.expm1(neg) - neg
+
+
+class KLEstimator:
+    """One estimator with its parameters and clamps bound (``build_kl``: once per run). Called as
+    ``kl(logp, logp_ref)`` -> per-token values (same shape); ``kl.reward(logp_old, logp_ref)`` is the
+    per-token penalty folded into the reward (``kl_estimator.placement=reward``)."""
+
+    def __init__(self, name: str, params: Any = None, log_ratio_clamp: float = 20.0, kl_clamp: float = 10.0) -> None:
+        self.fn = KL_ESTIMATORS.build(name, params)  # a mapping is checked here, once; an instance is kept
+        self.name = name
+        self.log_ratio_clamp = log_ratio_clamp
+        self.kl_clamp = kl_clamp if self.fn.meta.get("clamped") else None
+        self._reward_form = self.fn.meta.get("reward_form")
+
+    def __call__(self, logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+        value = self.fn(logp, logp_ref, self.log_ratio_clamp)
+        return value if self.kl_clamp is None else value.clamp(-self.kl_clamp, self.kl_clamp)
+
+    def reward(self, logp_old: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+        """The estimator's own ``reward_form`` if it registered one and it applies, else the estimator."""
+        value = None if self._reward_form is None else self._reward_form(self.fn.params, logp_ref, logp_old)
+        return self(logp_old, logp_ref) if value is None else value
+
+
+def build_kl(k: Any) -> KLEstimator:
+    """The configured estimator (the ``kl_estimator`` group ``k``: name, clamps, params) bound once."""
+    return KLEstimator(k.name, k.params, k.log_ratio_clamp, k.kl_clamp)
 
 
 def kl_per_token(
@@ -68,28 +118,9 @@ def kl_per_token(
     kl_clamp: float = 10.0,
     params: Any = None,
 ) -> torch.Tensor:
-    """Per-token estimate of KL(theta||ref), same shape as the inputs; k3 is clamped to +-kl_clamp.
-    ``params``: the estimator's parameters (``kl_estimator.params``), for estimators that declare them."""
-    if params is None or isinstance(params, Mapping):
-        params = KL_ESTIMATORS.params(name, params, "kl_estimator.params")
-    fn = KL_ESTIMATORS[name]
-    value = (
-        fn(logp, logp_ref, log_ratio_clamp) if params is None else fn(logp, logp_ref, log_ratio_clamp, params=params)
-    )
-    return value.clamp(-kl_clamp, kl_clamp) if KL_ESTIMATORS.meta(name).get("clamped") else value
-
-
-def kl_tokens(k: Any, logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """The configured estimator (the ``kl_estimator`` group ``k``: name, clamps, params) per token."""
-    return kl_per_token(k.name, logp, logp_ref, k.log_ratio_clamp, k.kl_clamp, k.params)
-
-
-def reward_kl_tokens(k: Any, logp_old: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """Per-token KL penalty folded into the reward (``kl_estimator.placement=reward``): the
-    estimator's own ``reward_form`` if it registered one and it applies, else the estimator."""
-    form = KL_ESTIMATORS.meta(k.name).get("reward_form")
-    value = None if form is None else form(k, logp_ref, logp_old)
-    return kl_tokens(k, logp_old, logp_ref) if value is None else value
+    """Per-token estimate of KL(theta||ref) by ``name``, same shape as the inputs (a one-off: a run
+    binds its estimator once with ``build_kl``)."""
+    return KLEstimator(name, params, log_ratio_clamp, kl_clamp)(logp, logp_ref)
 
 
 @torch.no_grad()

@@ -11,9 +11,10 @@ whole point of the A0/A1/A2/B axis:
 * C   CachedReference     as A1; resets rewrite the reference weights between steps.
 
 Every strategy is built from the same ``ReferenceContext`` (the policy, the shapes of a step, the
-device, the way the reference model is held, and its own ``variant.params``), so a new strategy is
-one class in one file. A strategy states whether its reference moves on its own (``moves``; hook:
-``before_rollout``, called before every rollout), and ``is_base`` says whether the reference model
+device, the way the reference model is held) and its own parameters (``params=``: flat keys of the
+``variant`` section, bound once by ``REFERENCES.build``), so a new strategy is one class in one file.
+A strategy states whether its reference moves on its own (``moves``; hook: ``before_rollout``,
+called before every rollout), and ``is_base`` says whether the reference model
 still equals the initial base — the trainer's ``kl/base`` reads it (a reset also moves it).
 
 Where the reference *model* comes from is a second, independent choice: a frozen deep copy of the
@@ -137,8 +138,7 @@ class ReferenceContext:
     ``temperature``/``banned``: how logprobs are taken (as the policy's); ``chunk``: rows per
     teacher-forced forward (the minibatch size); ``max_batch`` x ``max_len``: the largest rollout
     (sequences x completion tokens); ``adapter_reference``: hold the reference as the policy's frozen
-    base + its own adapters instead of a deep copy; ``params``: the strategy's ``variant.params``
-    (an instance of the dataclass it registered with ``params=``, else None).
+    base + its own adapters instead of a deep copy.
     """
 
     policy: torch.nn.Module
@@ -149,7 +149,6 @@ class ReferenceContext:
     max_len: int
     device: torch.device
     adapter_reference: bool = False
-    params: Any = None
 
     def frozen_model(self) -> torch.nn.Module:
         """A reference model equal to the policy now (an adapter reference or a frozen deep copy)."""
@@ -162,19 +161,19 @@ class Reference:
     Subclasses are registered with ``@REFERENCES.register(name, per_rollout=..., model=...)``:
     ``per_rollout``: logprobs for the whole rollout exist before the update (needed to fold the KL
     into the reward); ``model``: a reference model exists at all; ``params``: a dataclass of its
-    ``variant.params``.
+    parameters (flat keys ``variant.<name>``; the instance arrives as ``params=`` and is ``self.params``).
     """
 
     model: torch.nn.Module | None = None
     moves = False  # True: the reference changes on its own (before_rollout), not only at resets
 
-    def __init__(self, ctx: ReferenceContext) -> None:
+    def __init__(self, ctx: ReferenceContext, params: Any = None) -> None:
         self.ctx = ctx
         self.temperature = ctx.temperature
         self.banned = ctx.banned
         self.chunk = ctx.chunk
         self._flops_per_token = ctx.policy.flops_per_token
-        self.params = ctx.params
+        self.params = params
         self.moved = False  # the reference model no longer equals the initial base
 
     # -- what the trainer asks of every strategy
@@ -243,8 +242,8 @@ class NoReference(Reference):
 class CachedReference(Reference):
     """Variants A1 and C: one reference pass per rollout, reused by every epoch and minibatch."""
 
-    def __init__(self, ctx: ReferenceContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: ReferenceContext, params: Any = None) -> None:
+        super().__init__(ctx, params)
         self.model = ctx.frozen_model()
         self._cache: torch.Tensor | None = None
 
@@ -263,8 +262,8 @@ class BufferedReference(CachedReference):
     ``allocations`` counts buffer allocations; it stays 1 for the whole run (tested).
     """
 
-    def __init__(self, ctx: ReferenceContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: ReferenceContext, params: Any = None) -> None:
+        super().__init__(ctx, params)
         self.buffer = torch.empty(ctx.max_batch, ctx.max_len, dtype=torch.float32, device=ctx.device)
         self.allocations = 1
 
@@ -284,8 +283,8 @@ class BufferedReference(CachedReference):
 class RecomputeReference(Reference):
     """Variant A0: the deliberately wasteful baseline — a reference forward in every minibatch."""
 
-    def __init__(self, ctx: ReferenceContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: ReferenceContext, params: Any = None) -> None:
+        super().__init__(ctx, params)
         self.model = ctx.frozen_model()
 
     @torch.no_grad()
@@ -295,11 +294,10 @@ class RecomputeReference(Reference):
 
 
 def build_reference(strategy: str, ctx: ReferenceContext, params: Any = None) -> Reference:
-    """The reference strategy ``strategy`` (variant.reference) built as ``cls(ctx)``; ``params`` (the
-    ``variant.params`` mapping) is checked against the dataclass the strategy registered and put in
-    ``ctx.params``. A strategy without a model (``none``) makes no copy of the policy."""
-    ctx.params = REFERENCES.params(strategy, params, "variant.params")
-    ref = REFERENCES[strategy](ctx)
+    """The reference strategy ``strategy`` (variant.reference) built as ``cls(ctx, params=...)`` with
+    its parameters bound (``params``: the checked instance, or a mapping of its flat keys checked here).
+    A strategy without a model (``none``) makes no copy of the policy."""
+    ref = REFERENCES.build(strategy, params)(ctx)
     if REFERENCES.meta(strategy)["model"] != ref.exists:
         declared = REFERENCES.meta(strategy)["model"]
         raise TypeError(f"reference strategy {strategy!r} registered model={declared} but built model={ref.model!r}")

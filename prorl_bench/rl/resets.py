@@ -8,20 +8,22 @@ is ``reset_reference`` with ``ResetSchedule.alpha`` (1 = a copy).
 
 A trigger states what the rest of the bench needs to know about it: ``period(cfg)`` (it fires every
 N steps whatever the run does, which the step-counter warning below reads), its own parameters
-(``@RESET_TRIGGERS.register(name, params=MyParams)`` checks ``reset.params`` against the dataclass;
-the instance is ``self.params``), and its checkpointed ``STATE``.
+(``@RESET_TRIGGERS.register(name, params=MyParams)``: the dataclass's fields are flat keys of the
+``reset`` section, ``reset.every``; the checked instance is ``self.params``), and its checkpointed
+``STATE``.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prorl_bench.config import Config, ConfigError, ResetConfig, StepPolicy
-from prorl_bench.registry import RESET_TRIGGERS, config_check
+from prorl_bench.config import Config, ResetConfig, StepPolicy
+from prorl_bench.registry import RESET_TRIGGERS, config_check, require
 from prorl_bench.rl.opt_state import transform_factors
 
 
@@ -38,15 +40,15 @@ class Trigger:
     alpha = 1.0  # default pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref when reset.alpha is null
     STATE: tuple[str, ...] = ()  # attributes saved in checkpoints
 
-    def __init__(self, cfg: ResetConfig, name: str) -> None:
+    def __init__(self, cfg: ResetConfig, params: Any = None) -> None:
         self.cfg = cfg
-        self.name = name
-        self.params = RESET_TRIGGERS.params(name, cfg.params, "reset.params")  # None: it declared none
+        self.name = cfg.trigger
+        self.params = params  # its dataclass instance, bound by RESET_TRIGGERS.build (None: it declares none)
 
     @classmethod
     def validate(cls, cfg: ResetConfig) -> None:
-        """Raise ConfigError if ``cfg`` lacks what this trigger needs (``reset.params`` is checked
-        against the registered params dataclass before this)."""
+        """Raise ConfigError if ``cfg`` lacks what this trigger needs beyond its own parameters (their
+        dataclass checks those: ``cfg.params`` is its instance)."""
 
     @classmethod
     def period(cls, cfg: ResetConfig) -> int | None:
@@ -73,19 +75,28 @@ class Never(Trigger):
     """No resets (variants A0-A2 and B, and C without resets)."""
 
 
-@RESET_TRIGGERS.register("periodic")
+@dataclass
+class PeriodicParams:
+    every: int = 50  # steps between resets (periodic, polyak)
+
+    def __post_init__(self) -> None:
+        require(self.every >= 1, "reset.every", self.every, ">= 1")
+
+
+@RESET_TRIGGERS.register("periodic", params=PeriodicParams)
 class Periodic(Trigger):
     """Every ``reset.every`` steps."""
 
     @classmethod
     def period(cls, cfg: ResetConfig) -> int | None:
-        return cfg.every
+        return cfg.params.every
 
     def fire(self, step: int) -> str | None:
-        return f"{self.name}: every {self.cfg.every} steps" if step % self.cfg.every == 0 else None
+        every = self.params.every
+        return f"{self.name}: every {every} steps" if step % every == 0 else None
 
 
-@RESET_TRIGGERS.register("polyak")
+@RESET_TRIGGERS.register("polyak", params=PeriodicParams)
 class Polyak(Periodic):
     """TRL's ``sync_ref_model``: every ``reset.every`` steps with a default mix of ``reset.alpha``
     = 0.6 (``ref_model_mixup_alpha``)."""
@@ -93,29 +104,39 @@ class Polyak(Periodic):
     alpha = 0.6
 
 
-@RESET_TRIGGERS.register("kl_spike")
+@dataclass
+class KLSpikeParams:
+    kl_threshold: float | None = None  # absolute threshold on kl/ref (nats/token)
+    kl_multiple: float | None = None  # threshold as a multiple of kl/ref's running mean
+    kl_ema: float = 0.9  # decay of the running mean of kl/ref
+    kl_warmup: int = 5  # steps of running-mean history before kl_multiple applies
+
+    def __post_init__(self) -> None:
+        require(self.kl_threshold is None or self.kl_threshold > 0, "reset.kl_threshold", self.kl_threshold,
+                "null or > 0")  # fmt: skip
+        require(self.kl_multiple is None or self.kl_multiple > 1, "reset.kl_multiple", self.kl_multiple,
+                "null or > 1")  # fmt: skip
+        require(0 <= self.kl_ema < 1, "reset.kl_ema", self.kl_ema, "in [0, 1)")
+        require(self.kl_warmup >= 0, "reset.kl_warmup", self.kl_warmup, ">= 0")
+        require(self.kl_threshold is not None or self.kl_multiple is not None, "reset.kl_threshold",
+                self.kl_threshold, "a value (or reset.kl_multiple) when reset.trigger=kl_spike")  # fmt: skip
+
+
+@RESET_TRIGGERS.register("kl_spike", params=KLSpikeParams)
 class KLSpike(Trigger):
     """KL to the reference above ``kl_threshold``, or above ``kl_multiple`` x its running mean
     (EMA with decay ``kl_ema``, after ``kl_warmup`` steps of history)."""
 
     STATE = ("kl_mean", "kl_seen", "_pending")
 
-    def __init__(self, cfg: ResetConfig, name: str) -> None:
-        super().__init__(cfg, name)
+    def __init__(self, cfg: ResetConfig, params: KLSpikeParams) -> None:
+        super().__init__(cfg, params)
         self.kl_mean: float | None = None
         self.kl_seen = 0
         self._pending: str | None = None
 
-    @classmethod
-    def validate(cls, cfg: ResetConfig) -> None:
-        if cfg.kl_threshold is None and cfg.kl_multiple is None:
-            raise ConfigError(
-                f"invalid config value reset.kl_threshold={cfg.kl_threshold!r}: allowed a value (or "
-                "reset.kl_multiple) when reset.trigger=kl_spike"
-            )
-
     def observe_step(self, step: int, kl_ref: float | None) -> None:
-        c = self.cfg
+        c = self.params
         if kl_ref is None or math.isnan(kl_ref):
             return
         if c.kl_threshold is not None and kl_ref > c.kl_threshold:
@@ -139,25 +160,35 @@ class KLSpike(Trigger):
         self.kl_mean, self.kl_seen = None, 0
 
 
-@RESET_TRIGGERS.register("stall")
+@dataclass
+class StallParams:
+    patience: int = 2  # evaluations without improvement before a reset
+    min_delta: float = 0.0  # an improvement must exceed the best by more than this
+
+    def __post_init__(self) -> None:
+        require(self.patience >= 1, "reset.patience", self.patience, ">= 1")
+        require(self.min_delta >= 0, "reset.min_delta", self.min_delta, ">= 0")
+
+
+@RESET_TRIGGERS.register("stall", params=StallParams)
 class Stall(Trigger):
     """``reset.metric`` has not improved on its best by more than ``min_delta`` for ``patience``
     evaluations."""
 
     STATE = ("best", "stale", "_pending")
 
-    def __init__(self, cfg: ResetConfig, name: str) -> None:
-        super().__init__(cfg, name)
+    def __init__(self, cfg: ResetConfig, params: StallParams) -> None:
+        super().__init__(cfg, params)
         self.best: float | None = None
         self.stale = 0  # evaluations since the best one
         self._pending: str | None = None
 
     def observe_validation(self, value: float) -> None:
-        if self.best is None or value > self.best + self.cfg.min_delta:
+        if self.best is None or value > self.best + self.params.min_delta:
             self.best, self.stale = value, 0
             return
         self.stale += 1
-        if self.stale >= self.cfg.patience:
+        if self.stale >= self.params.patience:
             self._pending = (
                 f"stall: {self.cfg.metric.value} has not improved on {self.best:.4g} for {self.stale} evaluations"
             )
@@ -177,7 +208,7 @@ class ResetSchedule:
 
     def __init__(self, cfg: ResetConfig) -> None:
         self.cfg = cfg
-        self.trigger: Trigger = RESET_TRIGGERS[cfg.trigger](cfg, cfg.trigger)
+        self.trigger: Trigger = RESET_TRIGGERS.build(cfg.trigger, cfg.params)(cfg)  # its parameters bound once
         self.last_reset = 0  # step of the previous reset (0 = start of training)
 
     @property
@@ -228,7 +259,7 @@ def warn_step_counter_hazard(cfg: Config) -> None:
     3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time. Reads what the
     options declare: the transform's factors and step policy, the trigger's ``period``."""
     o, r = cfg.opt_reset, cfg.reset
-    _, v_scale, reset_step = transform_factors(o)
+    _, v_scale, reset_step = transform_factors(o)  # once, at config time
     period = RESET_TRIGGERS[r.trigger].period(r)
     frequent = period is not None and period <= FREQUENT_RESETS
     if cfg.variant.resets and v_scale < 1.0 and not reset_step and frequent:

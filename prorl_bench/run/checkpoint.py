@@ -13,7 +13,6 @@ to load, naming the fields that differ.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import Config, ConfigError
+from prorl_bench.config import Config, ConfigError, as_dict
 from prorl_bench.run.outputs import (
     EVENTS,
     METRICS,
@@ -46,7 +45,7 @@ RESUMABLE_KEYS = ("steps", "progress", "run_dir", "checkpoint.every", "checkpoin
 
 
 def config_dict(cfg: Config) -> dict[str, Any]:
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=lambda e: e.value))
+    return json.loads(json.dumps(as_dict(cfg), default=lambda e: e.value))  # options' parameters: flat keys
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -32,7 +32,7 @@ def step_kl(
         k = ctx.cfg.kl_estimator
         lo, lr, m = logp_old[rows], upd.ref_rows[rows], mask[rows]
         agg = diagnostic_agg(ctx.cfg.algo.loss_agg)
-        ref = float(mean_kl(k, lo, lr, m, agg))
+        ref = float(mean_kl(ctx.kl, lo, lr, m, agg))
         ref_k1 = float(mean_kl("k1", lo, lr, m, agg, clamps=(k.log_ratio_clamp, k.kl_clamp)))
         k2 = float(mean_kl(K2_REF_OVER_OLD, lo, lr, m, agg))
     # KL to the initial base: kl/ref while the reference is the base; once it moved (a reset, or a

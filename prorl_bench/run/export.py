@@ -50,7 +50,7 @@ def _config_from_dict(d: dict[str, Any]) -> Config:
 
     from prorl_bench.config import to_config
 
-    return to_config(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(_enum_names(Config, d))))
+    return to_config(OmegaConf.create(_enum_names(Config, d)))  # options' parameters: flat keys (as_dict)
 
 
 def _enum_names(cls: type, d: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import torch
 from prorl_bench.config import KLPlacement, LossAgg
 from prorl_bench.models.rollout import Rollout, chunked_logprobs, token_logprobs
 from prorl_bench.rl.advantages import informative_groups
-from prorl_bench.rl.kl import kl_tokens, reward_kl_tokens
 from prorl_bench.rl.losses import aggregate, clipped_surrogate, diagnostic_agg
 from prorl_bench.rl.optim import ParamSnapshot
 from prorl_bench.run.accounting import StepAccounting
@@ -129,10 +128,9 @@ def advantages(
     """Advantages from the rewards (with the KL folded in when kl_estimator.placement=reward), and
     the rows the update trains on: dynamic sampling drops all-equal groups; a non-finite rollout
     (``finite`` False, or non-finite advantages under skip_batch) trains on none."""
-    a = ctx.cfg.algo
     shaped = ctx.router.shape_rewards(sc.rewards)  # route.use=penalize: labelled samples lose route.penalty
     shaped = _kl_in_reward(ctx, s, sc, logp_old, shaped, beta)
-    adv, adv_retain = ctx.router.advantages(a.advantage, shaped, a.adv_eps, a.advantage_params)
+    adv, adv_retain = ctx.router.advantages(shaped)  # the estimator bound with its parameters (Router)
     finite = finite and s.guard.ok(adv, step, "advantages", "advantages")
     return Advantages(adv, _trained_rows(ctx, sc.rewards, finite), adv_retain)
 
@@ -146,7 +144,7 @@ def _kl_in_reward(
     if k.placement != KLPlacement.reward or beta <= 0:
         return rewards
     logp_ref = s.ref.logp(torch.arange(len(sc.batch), device=ctx.device), sc.batch, ctx.acct)
-    kl_tok = reward_kl_tokens(k, logp_old, logp_ref)
+    kl_tok = ctx.kl.reward(logp_old, logp_ref)
     return rewards - beta * (kl_tok * sc.batch.completion_mask).sum(-1).view_as(sc.rewards)
 
 
@@ -212,7 +210,7 @@ def minibatch_loss(
     pg, clipped = surrogate(adv.adv[idx])
     kl_loss = torch.zeros((), device=ctx.device)
     if ctx.kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
-        kl_loss = aggregate(kl_tokens(k, logp, s.ref.anchor(logp_ref, old)), mask, a.loss_agg, ctx.loss_norm_len)
+        kl_loss = aggregate(ctx.kl(logp, s.ref.anchor(logp_ref, old)), mask, a.loss_agg, ctx.loss_norm_len)
     ent = aggregate(entropy, mask, a.loss_agg, ctx.loss_norm_len)
     loss = pg + beta * kl_loss - a.entropy_coef * ent
     loss_retain = ctx.router.retain_loss(loss, pg, surrogate, adv.adv_retain, idx)  # split routing, else None

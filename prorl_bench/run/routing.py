@@ -27,7 +27,7 @@ import torch
 from prorl_bench.config import Config, ConfigError, RouteAdvantages, RouteUse
 from prorl_bench.models.dual_lora import SCALE_MODES, adapter_scales, dual_layers, route_rows
 from prorl_bench.models.rollout import Rollout, generate
-from prorl_bench.rl.advantages import compute_advantages
+from prorl_bench.rl.advantages import AdvantageFn, advantage_estimator
 from prorl_bench.run.evaluation import completions, score_details
 from prorl_bench.run.passk import distinct_per_prompt, mean_pass_at_k
 from prorl_bench.tasks.detectors import Detector, Oversight, build_detector
@@ -107,19 +107,19 @@ def wants_route_eval(task, adapter_kind: str) -> bool:
 # --------------------------------------------------------------------------- what the labels do
 
 
-def subset_advantages(name: str, rewards: torch.Tensor, valid: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def subset_advantages(estimator: AdvantageFn, rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Advantages (N, G) computed within the ``valid`` (N, G bool) subset of each group.
 
-    The registered estimator ``name`` (group-local: grpo, rloo, dr_grpo) runs on each group's valid
-    rows alone, as if the other rows had never been sampled; rows outside the subset, and every row
-    of a subset with fewer than 2 members (no within-subset baseline exists), get exactly 0. A flat
-    subset gets 0 as in ``compute_advantages``.
+    ``estimator`` — the run's bound estimator (group-local: grpo, rloo, dr_grpo), the same callable,
+    parameters included, as the whole-group path — runs on each group's valid rows alone, as if the
+    other rows had never been sampled; rows outside the subset, and every row of a subset with fewer
+    than 2 members (no within-subset baseline exists), get exactly 0. A flat subset gets 0.
     """
     out = torch.zeros_like(rewards)
     for g in range(rewards.shape[0]):
         idx = valid[g].nonzero().squeeze(-1)
         if len(idx) >= 2:
-            out[g, idx] = compute_advantages(name, rewards[g, idx][None], eps)[0]
+            out[g, idx] = estimator(rewards[g, idx][None])[0]
     return out
 
 
@@ -159,6 +159,8 @@ class Router:
     def __init__(self, cfg: Config, task: Any) -> None:
         d, r = cfg.detector, cfg.route
         self.use, self.split = r.use, r.advantages == RouteAdvantages.split
+        # the estimator with its parameters, bound once: the whole-group and the split path both call it
+        self.estimator = advantage_estimator(cfg.algo.advantage, cfg.algo.params, cfg.algo.adv_eps)
         self.detector: Detector | None = build_detector(d.name, d.params) if d.name != "none" else None
         self.oversight = (
             None
@@ -186,9 +188,7 @@ class Router:
             return rewards
         return penalized(rewards, self.labels.to(rewards.device), self.penalty)
 
-    def advantages(
-        self, name: str, shaped: torch.Tensor, eps: float, params: Any = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def advantages(self, shaped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages of the update, flat (N*G,); the retain adapter's own, flat, or None).
 
         ``group``: the estimator over whole groups (labelled rows included in the statistics).
@@ -197,10 +197,10 @@ class Router:
         group's advantages; the retain adapter's are the unlabelled subset's (0 on labelled rows,
         whose retain path is detached anyway).
         """
-        adv = compute_advantages(name, shaped, eps, params)
+        adv = self.estimator(shaped)
         if self.labels is None or not self.split:
             return adv.flatten(), None
-        sub = subset_advantages(name, shaped, ~self.labels.to(shaped.device).view_as(shaped), eps)
+        sub = subset_advantages(self.estimator, shaped, ~self.labels.to(shaped.device).view_as(shaped))
         if self.use == RouteUse.filter:
             return sub.flatten(), None
         return adv.flatten(), sub.flatten()

@@ -15,6 +15,7 @@ from prorl_bench.config import AdapterKind, AdapterReferenceKind, Config, Growth
 from prorl_bench.models.dual_lora import attach_dual_lora
 from prorl_bench.models.lora import attach_lora
 from prorl_bench.rl.growth import GrowthSchedule
+from prorl_bench.rl.kl import KLEstimator, build_kl
 from prorl_bench.rl.kl_control import KLController
 from prorl_bench.rl.optim import build_adamw
 from prorl_bench.rl.reference import AdapterReference, ReferenceContext, build_reference, frozen_copy
@@ -47,6 +48,7 @@ class RunContext:
     mb_size: int  # rows per minibatch, and per chunk of the no-grad teacher-forced passes
     sample: Sampler  # rollout.generate, or what the caller injected (run/sampler.py: a population's barrier)
     router: Router  # gradient routing's labels and what they do (routing.py); the identity without a detector
+    kl: KLEstimator  # the configured KL estimator, its parameters bound once (kl.py)
     base_model: torch.nn.Module | None  # a frozen snapshot of the base when the reference can move
     kl_in_loss: bool
     loss_norm_len: int  # tokens: seq_mean_token_sum_norm's fixed normaliser (the completion budget)
@@ -87,6 +89,7 @@ def setup_run(
         mb_size=mb_size,
         sample=SAMPLER.get(),
         router=router,
+        kl=build_kl(cfg.kl_estimator),
         base_model=base_model,
         kl_in_loss=cfg.kl_estimator.placement == KLPlacement.loss and a.beta > 0,
         loss_norm_len=task.max_completion_len,
@@ -119,7 +122,7 @@ def initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: to
         device=device,
         adapter_reference=uses_adapter_reference(cfg),
     )
-    ref = build_reference(cfg.variant.reference, ref_ctx, cfg.variant.params)
+    ref = build_reference(cfg.variant.reference, ref_ctx, cfg.variant.params)  # its parameters bound once
     optimizer = build_optimizer(policy, a)
     growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
     return RunState(

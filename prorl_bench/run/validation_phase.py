@@ -103,4 +103,4 @@ def _kl_to(ctx: RunContext, other: torch.nn.Module, policy, batch, logp_old, row
     cfg = ctx.cfg
     logp_other = chunked_logprobs(other, batch, cfg.algo.temperature, ctx.banned, ctx.mb_size)
     mask = batch.completion_mask[rows]
-    return float(mean_kl(cfg.kl_estimator, logp_old[rows], logp_other[rows], mask, diagnostic_agg(cfg.algo.loss_agg)))
+    return float(mean_kl(ctx.kl, logp_old[rows], logp_other[rows], mask, diagnostic_agg(cfg.algo.loss_agg)))

@@ -8,12 +8,14 @@ so validation never sees a training prompt.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prorl_bench.config import RewardKind, TaskConfig
 from prorl_bench.models.tokenizers import CharTokenizer  # noqa: F401  (re-exported: tasks' prompts use it)
@@ -123,16 +125,23 @@ def symbol_task(
     prompt_len: Callable[[int], int],
     completion_len: Callable[[int], int],
     solve: Callable[[str], str],
-) -> Callable[[Callable[[random.Random, int], tuple[str, str]]], Callable[[random.Random, int], tuple[str, str]]]:
+    params: type | None = None,
+) -> Callable[[Callable[..., tuple[str, str]]], Callable[..., tuple[str, str]]]:
     """Register a generator ``(rng, n) -> (input, target)`` as task ``name``: prompts are
     ``<tag><input>=`` (``tag``: one character of the tokenizer's alphabet, unique per task), and
     ``prompt_len(n)``/``completion_len(n)`` bound the prompt (tag and "=" included) and the target
     for ``n`` = task.max_len. ``solve(input) -> target`` states the answer independently of the
     generator (registry metadata: the tests check every generated target against it).
-    ``task.name=name`` then selects it; nothing else is edited."""
+    ``task.name=name`` then selects it; nothing else is edited. ``params``: a dataclass of the
+    task's parameters (flat keys ``task.<name>``); the generator is then called as
+    ``fn(rng, n, params=<instance>)``, bound once when the task is built."""
 
-    def deco(fn: Callable[[random.Random, int], tuple[str, str]]) -> Callable[[random.Random, int], tuple[str, str]]:
-        TASKS.add(name, lambda cfg: Task(cfg, tag, fn, prompt_len, completion_len), symbols=True, solve=solve)
+    def deco(fn: Callable[..., tuple[str, str]]) -> Callable[..., tuple[str, str]]:
+        def factory(cfg: TaskConfig, params: Any = None) -> Task:
+            gen = fn if params is None else functools.partial(fn, params=params)
+            return Task(cfg, tag, gen, prompt_len, completion_len)
+
+        TASKS.add(name, factory, symbols=True, solve=solve, params=params)
         return fn
 
     return deco

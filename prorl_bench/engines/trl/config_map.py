@@ -95,7 +95,7 @@ RULES: tuple[Rule, ...] = (
         ),
         "rloo, reinforce_pp_baseline, ...",
     ),
-    Rule("algo.advantage_params", "n/a (grpo / dr_grpo take none)"),
+    Rule("algo.params", "n/a (grpo / dr_grpo take no parameters)"),
     Rule(
         "algo.adv_eps",
         f"TRL divides by std + {TRL_ADV_EPS:g}, hard-coded",
@@ -164,7 +164,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("variant.reference", "cached (A1/C) or none (B)"),
     Rule("variant.resets", "`ReferenceResetCallback` (the bench's triggers and optimizer transforms)"),
-    Rule("variant.params", "n/a (cached / none take none)"),
+    Rule("variant.params", "n/a (cached / none take no parameters)"),
     Rule(
         "kl_estimator.name",
         "k3 in the loss: TRL's `per_token_kl`",
@@ -184,10 +184,9 @@ RULES: tuple[Rule, ...] = (
         ),
         "reward",
     ),
-    Rule("kl_estimator.params", "n/a (k3 takes none)"),
+    Rule("kl_estimator.params", "n/a (k3 takes no parameters; k2's k2_mode is not expressible)"),
     Rule("kl_estimator.log_ratio_clamp", "not applied: TRL clamps no log-ratio (equal while |log-ratio| < 20)"),
     Rule("kl_estimator.kl_clamp", "not applied: TRL does not clamp k3 (equal while k3 < 10 per token)"),
-    Rule("kl_estimator.k2_mode", "n/a (k3 only)"),
     Rule(
         "kl_ctl.kind",
         "fixed: `beta`",
