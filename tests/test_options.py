@@ -178,8 +178,11 @@ def test_split_routing_uses_the_same_bound_estimator():
 @pytest.mark.usefixtures("plugin")
 @pytest.mark.parametrize("name", ["periodic", "polyak", "kl_spike", "stall", "every_after"])
 def test_trigger_state_survives_a_checkpoint_mid_stream(name):
-    cfg = _config(registry.RESET_TRIGGERS, name, CHANGED[("reset.trigger", name)]).reset
-    stream = [(s, 0.3 if s % 4 == 0 else 0.1 + 0.01 * s, 0.5 if s < 4 else 0.4) for s in range(1, 21)]
+    stateful = {"kl_spike": {"kl_multiple": 1.5, "kl_warmup": 2}, "stall": {"patience": 3}}  # state matters
+    params = stateful.get(name, CHANGED[("reset.trigger", name)])
+    cfg = make_config(["variant=C", f"reset.trigger={name}", *(f"+reset.{k}={v}" for k, v in params.items())]).reset
+    # kl/ref spikes every 5th step; the held-out metric improves until step 5, then stalls
+    stream = [(s, 0.3 if s % 5 == 0 else 0.1 + 0.01 * s, min(s, 5) / 10) for s in range(1, 25)]
 
     def run(sched, steps):
         out = []
@@ -192,8 +195,9 @@ def test_trigger_state_survives_a_checkpoint_mid_stream(name):
         return out
 
     whole = run(ResetSchedule(cfg), stream)
-    first = ResetSchedule(cfg)
-    head = run(first, stream[:7])
-    resumed = ResetSchedule(cfg)
-    resumed.load_state_dict(first.state_dict())
-    assert head + run(resumed, stream[7:]) == whole
+    for cut in (7, 9):  # mid-stall (stale evaluations counted); just before the spike at step 10
+        first = ResetSchedule(cfg)
+        head = run(first, stream[:cut])
+        resumed = ResetSchedule(cfg)
+        resumed.load_state_dict(first.state_dict())
+        assert head + run(resumed, stream[cut:]) == whole, f"resumed after step {cut}"

@@ -227,7 +227,8 @@ def force_option_params(args: list[str]) -> list[str]:
 def _unknown_at(key: str, groups: set[str], root: Any) -> str | None:
     """The dataclass path under which ``key``'s next component is not a field (``""`` for the top
     level), or None when the key exists or is not the schema's to judge (Hydra's own keys, groups,
-    free-form dicts such as ``detector.params``)."""
+    free-form dicts such as ``task.reasoning_gym.generator_args``; an option's parameter, ``reset.every``,
+    is checked against the selected option by ``to_config``)."""
     if "/" in key or "@" in key or key.split(".")[0] == "hydra":
         return None
     obj: Any = root
