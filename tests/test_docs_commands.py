@@ -78,10 +78,16 @@ def test_documented_command_validates(page, command):
     assert not errors, f"{page}: `{command}` no longer validates: {errors[:3]}"
 
 
-def test_a_stale_command_is_caught():
-    # the check must be able to fail: a key the schema does not have is refused (by Hydra or by validation)
+@pytest.mark.parametrize("override", ["algo.no_such_key=1", "+algo.no_such_key=1"])
+def test_a_stale_command_is_caught(override):
+    """The check must be able to fail: a key the schema does not have is refused — by Hydra while the
+    jobs are planned (no such key to override) or by validation (a key added with "+") — naming the
+    key. Any other exception is a crash and fails this test."""
+    from hydra.errors import ConfigCompositionException
+
     try:
-        errors = validate_jobs(plan_jobs(["algo.no_such_key=1"]))
-    except Exception:
+        errors = validate_jobs(plan_jobs([override]))
+    except ConfigCompositionException as e:
+        assert "algo.no_such_key" in str(e)
         return
-    assert errors
+    assert errors and "algo.no_such_key" in str(errors)
