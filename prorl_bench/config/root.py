@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -218,8 +219,16 @@ def hydra_node() -> dict[str, Any]:
     the selected option's flat keys from its YAML (``reset/periodic.yaml``: ``every: 50``) without
     carrying every other option's. ``to_config`` types and checks everything after composition."""
     node = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
-    for section in SECTIONS:
+    for section, reg in SECTIONS.items():
         node[section].pop(PARAMS, None)
+        # the built-in options' parameters with their defaults, so that a command line setting one for a
+        # group that may not select its option (``reset=none,periodic reset.every=25``) still composes;
+        # to_config keeps only the selected option's (complete(): what the run records)
+        for name in reg.names():
+            cls = reg.params_class(name)
+            for f in fields(cls) if cls is not None and reg[name].__module__.startswith("prorl_bench.") else ():
+                if f.default is not MISSING_FIELD:
+                    node[section].setdefault(f.name, getattr(f.default, "value", f.default))
     return node
 
 
@@ -233,10 +242,24 @@ def split_options(cfg: DictConfig) -> DictConfig:
     for key in GRID_KEYS:
         node.pop(key, None)
     schema = Config()
-    for section in SECTIONS:
+    for section, reg in SECTIONS.items():
         if isinstance(node.get(section), dict):
             node[section] = split_section(node[section], section, type(getattr(schema, section)))
+            _keep_selected(node[section], reg)
     return OmegaConf.create(node)
+
+
+def _keep_selected(section: dict[str, Any], reg: registry.Registry) -> None:
+    """Drop from ``section``'s parameters the keys of the axis's *other* options (the base carries the
+    built-ins' defaults; ``reset=none reset.every=25`` is accepted and has no effect, as before). A key
+    no option of the axis has stays, and is reported as unknown."""
+    name = section.get(reg.selector)
+    if name not in reg:
+        return
+    cls = reg.params_class(name)
+    own = {f.name for f in fields(cls)} if cls is not None else set()
+    others = {f.name for n in reg.names() if (c := reg.params_class(n)) is not None for f in fields(c)} - own
+    section[PARAMS] = {k: v for k, v in section[PARAMS].items() if k not in others}
 
 
 def as_dict(conf: Config) -> dict[str, Any]:
