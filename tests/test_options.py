@@ -70,7 +70,7 @@ def _config(reg: registry.Registry, name: str, params: dict) -> Config:
     if reg.key == "kl_estimator.name" and params.get("k2_mode") == "ref_over_old":
         base.append("kl_estimator.placement=reward")
     given = {**REQUIRED.get((reg.key, name), {}), **params}
-    return make_config(base + [f"+{reg.section}.{k}={v}" for k, v in given.items()])
+    return make_config(base + [f"++{reg.section}.{k}={v}" for k, v in given.items()])
 
 
 def _built(reg: registry.Registry, cfg: Config):
@@ -161,7 +161,7 @@ def test_parameters_reach_the_run_survive_a_checkpoint_and_change_its_output(key
 @pytest.mark.usefixtures("plugin")
 def test_split_routing_uses_the_same_bound_estimator():
     """The issue's silent bug: an estimator with clip=0.5 gave 2.47 on the split path (its default)."""
-    cfg = make_config(["+algo.clip=0.5", "algo.advantage=clipped_grpo", "adapter=dual_lora", "task=hack_compete",
+    cfg = make_config(["++algo.clip=0.5", "algo.advantage=clipped_grpo", "adapter=dual_lora", "task=hack_compete",
                        "detector=reward_field", "route.advantages=split", "algo.group_size=8"])  # fmt: skip
     from prorl_bench.tasks.hack_task import CompeteTask
 
@@ -180,7 +180,7 @@ def test_split_routing_uses_the_same_bound_estimator():
 def test_trigger_state_survives_a_checkpoint_mid_stream(name):
     stateful = {"kl_spike": {"kl_multiple": 1.5, "kl_warmup": 2}, "stall": {"patience": 3}}  # state matters
     params = stateful.get(name, CHANGED[("reset.trigger", name)])
-    cfg = make_config(["variant=C", f"reset.trigger={name}", *(f"+reset.{k}={v}" for k, v in params.items())]).reset
+    cfg = make_config(["variant=C", f"reset.trigger={name}", *(f"++reset.{k}={v}" for k, v in params.items())]).reset
     # kl/ref spikes every 5th step; the held-out metric improves until step 5, then stalls
     stream = [(s, 0.3 if s % 5 == 0 else 0.1 + 0.01 * s, min(s, 5) / 10) for s in range(1, 25)]
 
