@@ -44,8 +44,10 @@ def gsm_task():
 
     from .conftest import compose_cfg
 
-    raw = compose_cfg(["task=gsm", "task.val_size=4"])  # task config alone: the native policy refuses chat
-    task_cfg = OmegaConf.to_object(raw.task)
+    # the task section alone (the native policy refuses a chat task), typed through its schema: Hydra's
+    # base config is untyped since options bind their own parameters
+    raw = compose_cfg(["task=gsm", "task.val_size=4"])
+    task_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig), raw.task))
     assert isinstance(task_cfg, TaskConfig)
     return ReasoningGymTask(task_cfg)
 

@@ -30,6 +30,7 @@ import torch
 from transformers import TrainerCallback
 
 from prorl_bench.config import OptResetConfig, ResetConfig, StepPolicy
+from prorl_bench.config.options import split_section
 from prorl_bench.engines.trl.config_map import REFERENCE_ADAPTER
 from prorl_bench.registry import OPT_TRANSFORMS
 from prorl_bench.rl.opt_state import apply_opt_reset, moment_norms
@@ -47,7 +48,8 @@ def _as_config(kind: type, value: Any) -> Any:
         value["step"] = OPT_TRANSFORMS.meta(value.get("kind", "keep")).get("step") or "keep"
     if "step" in value:
         value["step"] = StepPolicy(value["step"])
-    return kind(**value)
+    # an option's own parameters are flat keys ({"trigger": "periodic", "every": 50}): move them into params
+    return kind(**split_section(value, "reset" if kind is ResetConfig else "opt_reset", kind))
 
 
 def unwrap(obj: Any, attr: str) -> Any:
