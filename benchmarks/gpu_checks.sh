@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_checks.sh profile  # the same, 1 repeat, GPU busy fraction per side               (~6 min)
 #   bash benchmarks/gpu_checks.sh char     # 0.5B layers with the 192-token vocab, and last round's 0.48B LLaMA (~8 min)
 #   bash benchmarks/gpu_checks.sh options  # 0.5B: each of this round's settings switched off alone (~6 min)
+#   bash benchmarks/gpu_checks.sh round    # tests, 0.5B speed with engine=trl, profile: one call (~9 min)
 #   bash benchmarks/gpu_checks.sh all      # all of them in order (more than the device tool's 10 min per call)
 #
 # One device-tool call per stage fits its 10-minute limit; a session's 30 minutes hold four of them,
@@ -68,12 +69,27 @@ prorl_fast@decode=dynamic,prorl_fast@adamw=foreach,prorl_fast@update_norm=device
         --results "$OUT/options_05b.json"
 }
 
+run_round() {  # one device call of ~9 min (a session's 15 minutes hold one): tests, speed incl. engine=trl, profile
+    run_tests_only
+    stage bench_05b 240 $BENCH --size 0.5b --repeats 1 --sides "${SIDES:-trl,prorl_fast,prorl_trl,$OLD}" \
+        --results "$OUT/bench_05b.json"
+    stage profile_05b 150 $BENCH --size 0.5b --repeats 1 --sides "trl,prorl_fast" --profile \
+        --results "$OUT/profile_05b.json"
+}
+run_tests_only() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import sys, torch, transformers, peft, trl, datasets, hydra; print(sys.version.split()[0], torch.__version__,
+torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__)"
+    stage gpu_tests 150 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider -rs --timeout 90
+}
+
 case ${1:-tests} in
 tests) run_tests ;;
 speed) run_speed ;;
 profile) run_profile ;;
 char) run_char ;;
 options) run_options ;;
+round) run_round ;;
 all) run_tests; run_speed; run_profile; run_options; run_char ;;
-*) echo "usage: $0 tests|speed|profile|char|options|all" >&2; exit 2 ;;
+*) echo "usage: $0 round|tests|speed|profile|char|options|all" >&2; exit 2 ;;
 esac
