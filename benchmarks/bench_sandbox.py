@@ -1,4 +1,4 @@
-"""Sandbox throughput, and what each hostile program of tests/test_sandbox_hostile.py gets.
+"""Sandbox throughput, and what each hostile program of tests/tasks/test_sandbox_hostile.py gets.
 
     PYTHONPATH=. python benchmarks/bench_sandbox.py [workers]            # programs/s: trivial, timing out
     PYTHONPATH=. python benchmarks/bench_sandbox.py --attacks            # the threat-model table
@@ -30,8 +30,16 @@ def throughput(workers: int) -> None:
 def attacks() -> None:
     from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
     from prorl_bench.tasks.code_task import CodeTask
-    from tests.test_sandbox_hostile import FORGE, GCD, READ_DATASET, UID, _peak_rss_growth, fenced, sample_processes
-    from tests.test_sandbox_v3 import EIGHT_PROCESSES, HOG, MEMFDS_HELD, MEMFDS_MAPPED
+    from tests.tasks.test_sandbox_hostile import (
+        FORGE,
+        GCD,
+        READ_DATASET,
+        UID,
+        _peak_rss_growth,
+        fenced,
+        sample_processes,
+    )
+    from tests.tasks.test_sandbox_v3 import EIGHT_PROCESSES, HOG, MEMFDS_HELD, MEMFDS_MAPPED
 
     task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, code=CodeTaskConfig(timeout_s=2.0, workers=1)))
     task.limits = SandboxLimits(wall_s=2.0, cpu_s=2, memory_bytes=256 * 2**20, uid=UID)

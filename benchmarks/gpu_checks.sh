@@ -44,7 +44,7 @@ run_tests() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import sys, torch, transformers, peft, trl, datasets, hydra; print(sys.version.split()[0], torch.__version__,
 torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__)"
-    stage gpu_tests 240 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider -rs
+    stage gpu_tests 240 python3 -m pytest -m gpu tests/e2e/test_gpu.py -q -p no:cacheprovider -rs
     stage bench_tiny 150 $BENCH --size tiny --repeats 1 --sides "trl,prorl_hf,prorl_fast,$OLD,prorl_native" \
         --results "$OUT/bench_tiny.json"
 }
@@ -80,7 +80,7 @@ run_tests_only() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import sys, torch, transformers, peft, trl, datasets, hydra; print(sys.version.split()[0], torch.__version__,
 torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__)"
-    stage gpu_tests 150 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider -rs --timeout 90
+    stage gpu_tests 150 python3 -m pytest -m gpu tests/e2e/test_gpu.py -q -p no:cacheprovider -rs --timeout 90
 }
 
 case ${1:-tests} in

@@ -1,6 +1,6 @@
 """Coverage of "95%" intervals for the mean of n paired differences: Student t vs percentile bootstrap vs BCa.
 
-The aggregator's interval was chosen by this simulation (docs/studies.md); tests/test_stats.py holds
+The aggregator's interval was chosen by this simulation (docs/studies.md); tests/sweeps/test_stats.py holds
 the t interval to >= 93% at n = 8 on a symmetric and a skewed distribution.
 
     python benchmarks/interval_coverage.py            # n = 8, prints one row per distribution

@@ -18,8 +18,7 @@ from prorl_bench.rl.advantages import compute_advantages
 from prorl_bench.run.checkpoint import CorruptFileError, load_verified, save_verified
 from prorl_bench.run.outputs import read_jsonl
 from prorl_bench.run.signals import Preempted
-
-from .conftest import FAST, make_config, strip_timing
+from tests.conftest import FAST, make_config, strip_timing
 
 EXE = str(Path(sys.executable).with_name("prorl-bench"))
 

@@ -13,8 +13,7 @@ from prorl_bench.config import ConfigError
 from prorl_bench.registry import ADVANTAGES, TASKS, Registry
 from prorl_bench.rl.advantages import compute_advantages
 from prorl_bench.tasks.base import symbol_task
-
-from .conftest import make_config
+from tests.conftest import make_config
 
 CALLS = {"toy_signed": 0}
 

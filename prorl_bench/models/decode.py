@@ -9,7 +9,7 @@ after every token whether to stop. This path keeps every shape fixed instead:
   positions not written yet (``KVCache.append`` / ``decode_step`` of the native and fast policies);
 * the sampler is ``torch.multinomial``'s own one-sample algorithm (``argmax(p / q)``, ``q ~ Exp(1)``
   drawn with ``exponential_`` from the same generator) without its host-side checks: the same tokens
-  and the same generator state as ``torch.multinomial`` (tests/test_decode.py checks both bit for
+  and the same generator state as ``torch.multinomial`` (tests/models/test_decode.py checks both bit for
   bit); invalid probabilities set a device flag that is read at the next stop check and raises
   ``NonFiniteError`` as the dynamic path does;
 * whether every row has ended is read on the host only every ``check_every`` tokens (1 on CPU,

@@ -4,7 +4,7 @@ Same weights and same math as ``transformers``' modules (RMSNorm, rotary embeddi
 HF model's own ``rotary_emb``, grouped-query attention, SwiGLU MLP, optional q/k/v biases), but
 without the per-call overhead of the general-purpose module (mask builders, cache objects, output
 dataclasses), with q/k/v and gate/up fused into one matmul each, and with a preallocated KV cache
-like the native policy's. ``tests/test_hf_model.py`` checks its logprobs against the HF forward.
+like the native policy's. ``tests/models/test_hf_model.py`` checks its logprobs against the HF forward.
 
 Layer names follow the native policy (``qkv``, ``proj``, ``fc1`` = fused gate|up, ``fc2`` = down), so
 ``adapter=lora`` with its default targets wraps the same projections on both (LoRA on ``fc1`` is one

@@ -157,7 +157,7 @@ def chunked_head(
     Under autograd each chunk runs in ``torch.utils.checkpoint``: its logits are freed after the
     forward and recomputed, one chunk at a time, in the backward (one extra LM-head matmul per chunk,
     the price of never holding the (B, L, V) logits). Values equal the unchunked ones to rounding
-    (the LM head's matmul runs on fewer rows; tests/test_chunked_logprobs.py).
+    (the LM head's matmul runs on fewer rows; tests/models/test_chunked_logprobs.py).
     """
     from torch.utils.checkpoint import checkpoint
 

@@ -14,9 +14,9 @@ which measured it slower than S member forwards in a loop on this machine.
 
 Rounding: the batched matmul sums each dot product over the same inputs as ``F.linear``; whether
 the last bits agree depends on the BLAS kernel chosen for the shapes (measured in
-tests/test_population.py: equal at equal widths). Layer norm applies the affine after normalising (two roundings
-where ``F.layer_norm`` fuses them); padding rows to a common width adds exactly-zero attention
-terms in a different summation order. Both differ from a single run in the last bits only.
+tests/population/test_population.py: equal at equal widths). Layer norm applies the affine after
+normalising (two roundings where ``F.layer_norm`` fuses them); padding rows to a common width adds
+exactly-zero attention terms in a different summation order. Both differ from a single run in the last bits only.
 """
 
 from __future__ import annotations

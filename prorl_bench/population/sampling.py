@@ -14,7 +14,7 @@ result is the ``Rollout`` that call would return, drawn with the member's own ge
 
 The logits equal the single run's bit for bit when the prompt widths agree, and to the last bits
 otherwise (extra masked keys change a reduction's grouping): a token drawn differently needs a
-uniform draw within ~1e-7 of a CDF boundary (tests/test_population.py measures it).
+uniform draw within ~1e-7 of a CDF boundary (tests/population/test_population.py measures it).
 """
 
 from __future__ import annotations

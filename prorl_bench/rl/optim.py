@@ -6,7 +6,7 @@ AdamW implementation (``adamw_impl``):
   ``foreach`` step it replaces held 204 ms of device time over 4 RL steps against 94 ms for TRL's
   fused one at 0.48B parameters (docs/performance.md).
 * ``foreach`` on CPU: torch 2.13's CPU fused AdamW exists but rounds differently (measured: parameters
-  differ by up to 3e-8 absolute after 5 steps; tests/test_optim.py checks agreement to rounding), so
+  differ by up to 3e-8 absolute after 5 steps; tests/rl/test_optim.py checks agreement to rounding), so
   ``auto`` keeps foreach there and every CPU trajectory stays bit-identical to earlier releases.
 
 A resumed run keeps the implementation its checkpoint was made with (``Optimizer.load_state_dict``

@@ -12,7 +12,7 @@ The update routes by a single pass with a per-sample stop-gradient (``dual_lora.
 minibatch's forward runs once, with the retain adapter's parameters detached on labelled rows. The
 loss is the same expression as without routing (no sub-batch re-normalisation), so a mixed
 minibatch's loss equals the unrouted one exactly; the retain adapter's gradient from labelled rows
-is exactly zero (tests/test_routing.py). The cost is one extra small matmul pair per adapted layer
+is exactly zero (tests/run/test_routing.py). The cost is one extra small matmul pair per adapted layer
 for the detached retain path (measured in benchmarks/bench_routing.py).
 """
 

@@ -5,7 +5,7 @@ Both are off by default (``tracking.tensorboard`` / ``tracking.wandb``) and live
 source of truth: a sink receives the same rows the ``RunWriter`` writes — every metrics row
 (``metrics.jsonl``) and every validation row (``validation.jsonl``: ``val/pass@k`` and the rest) — with
 every key (``step`` is the x axis). A non-finite value (JSON ``null``) is logged as NaN, so each
-tracker holds exactly the keys of the JSONL files (``tests/test_sinks.py`` checks the three sets).
+tracker holds exactly the keys of the JSONL files (``tests/run/test_sinks.py`` checks the three sets).
 
 * TensorBoard: scalars under ``RUN_DIR/tensorboard`` (x axis = RL step), events as text.
 * W&B: ``wandb.init(mode="offline", dir=RUN_DIR)`` — nothing leaves the machine; ``wandb sync`` later.

@@ -13,7 +13,7 @@ can reach (``stats.verdict``):
 
   The aggregator's p is the exact sign-flip p, not t's: for normal differences the two have nearly
   the same power once n >= ~8 (the sign-flip p's floor 2 / 2^n is below a), and
-  ``tests/test_power.py`` checks the planned n against blocks decided by the sign-flip test itself.
+  ``tests/sweeps/test_power.py`` checks the planned n against blocks decided by the sign-flip test itself.
 * **equivalent within +/-margin**: TOST (two one-sided t tests at level a, as ``stats.tost_p``).
   Its exact power integrates over the sample standard deviation S (sd^2 chi^2_{n-1} / (n - 1)):
 

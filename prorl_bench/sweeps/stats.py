@@ -191,7 +191,7 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
     """Student t interval of the mean: mean -/+ t_{(1+level)/2, n-1} s / sqrt(n) (s with ddof=1).
 
     Chosen over the percentile bootstrap and BCa by the coverage simulation in
-    ``tests/test_stats.py`` (nominal 95%, n = 8: t 0.95 on normal data, 0.94 on a skewed beta(2,5);
+    ``tests/sweeps/test_stats.py`` (nominal 95%, n = 8: t 0.95 on normal data, 0.94 on a skewed beta(2,5);
     percentile bootstrap 0.88; BCa no better). n < 2: (nan, nan); all values equal: that value twice.
     """
     m, half, n = mean_ci(values, level)

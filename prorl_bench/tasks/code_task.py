@@ -17,7 +17,7 @@ level runs once, then each test calls the entry point in a fresh fork of that st
 return value comes back, over a pipe made for that call, which the program's output never reaches. The
 expected values never enter the sandbox: this process compares each result as it arrives
 (``code_compare.py``: strict types, a tolerance only for float expectations, total) and drops it. Printing
-"passed", forging result lines or exiting early earns nothing (tests/test_sandbox_hostile.py). The isolation
+"passed", forging result lines or exiting early earns nothing (tests/tasks/test_sandbox_hostile.py). The isolation
 in force is printed when the task is built; below ``full`` with every layer (cgroup, seccomp) the task
 refuses to run unless ``task.code.allow_weak_isolation=true``.
 
