@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from prorl_bench.config import AdamWImpl, AlgoConfig, UpdateNormMode
-from prorl_bench.rl.optim import ParamSnapshot, adamw_impl, build_adamw, update_norm_mode
+from prorl_bench.rl import optim
+from prorl_bench.rl.optim import NORM_CHUNK, ParamSnapshot, adamw_impl, build_adamw, update_norm_mode
 from tests.conftest import strip_timing
 
 
@@ -67,6 +69,87 @@ def test_snapshot_norm_is_exact_in_device_and_host_modes_and_host_reuses_its_buf
     again = ParamSnapshot(params, "host")  # the same host buffers, refilled
     assert all(x is y for x, y in zip(again.copies, snaps["host"].copies))
     assert again.norm(params) == 0.0
+
+
+class _LargestNewTensor(TorchDispatchMode):
+    """The bytes of the largest tensor any op creates (a new storage: views and in-place results of
+    existing tensors do not count) while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        flat = [*args, *(kwargs or {}).values()]
+        inputs = {a.untyped_storage().data_ptr() for a in flat if isinstance(a, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def _integer_step(shapes: list[tuple[int, ...]]) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Weights with integer values and an update by integers: every difference is exact in fp32 and
+    the squared norm is an integer below 2^53, so the fp64 sums have one right answer."""
+    g = torch.Generator().manual_seed(3)
+    before = [torch.randint(-1000, 1000, s, generator=g).float() for s in shapes]
+    steps = [torch.randint(-50, 51, s, generator=g) for s in shapes]
+    exact = sum(int((d.long() ** 2).sum()) for d in steps)  # Python integers: no rounding at all
+    return [b + d for b, d in zip(before, steps)], before, exact
+
+
+@pytest.mark.parametrize("mode", ["device", "host"])
+def test_snapshot_norm_streams_bounded_pieces_and_is_exact(mode):
+    """A weight of 2 x NORM_CHUNK + 5 elements: no temporary larger than the fp64 work buffer of
+    NORM_CHUNK elements (the whole-tensor form made fp64 copies of the whole weight: 2.7 GB for a
+    0.5B model's embedding on the GPU), and the norm equals the exact integer closed form."""
+    shapes = [(2, NORM_CHUNK + 2), (1,), (3, 7, 5), (1, 3)]
+    after, before, exact = _integer_step(shapes)
+    snap = ParamSnapshot(before, mode)
+    with _LargestNewTensor() as probe:
+        got = snap.norm(after)
+    assert got == math.sqrt(exact)
+    assert probe.largest <= NORM_CHUNK * 8  # whole form: (2 * NORM_CHUNK + 4) * 8 bytes
+
+
+def test_snapshot_norm_pieces_of_any_size_give_the_same_metric_and_host_equals_device():
+    torch.manual_seed(0)
+    shapes = [(37, 41), (3,), (2, 2, 2), (), (1000,)]
+    after, before, exact = _integer_step(shapes)
+    snaps = {m: ParamSnapshot(before, m) for m in ("device", "host")}
+    for chunk in (1, 7, 64, 1000, 1517, NORM_CHUNK):
+        with _LargestNewTensor() as probe:
+            got = {m: s.norm(after, chunk) for m, s in snaps.items()}
+        assert got["device"] == got["host"] == math.sqrt(exact), chunk
+        pieces = sum(-(-t.numel() // chunk) for t in after)
+        assert probe.largest <= 8 * max(chunk, pieces), chunk  # the fp64 work buffer, or the pieces' sums
+    rnd = [torch.randn(s) for s in shapes]  # random values: host == device bit for bit at every chunk,
+    moved = [r + 1e-3 * torch.randn_like(r) for r in rnd]  # both equal to the fp64 brute force
+    want = math.sqrt(sum(float(((m.double() - r.double()) ** 2).sum()) for m, r in zip(moved, rnd)))
+    for chunk in (1, 7, 64, NORM_CHUNK):
+        dev, host = ParamSnapshot(rnd, "device").norm(moved, chunk), ParamSnapshot(rnd, "host").norm(moved, chunk)
+        assert dev == host and math.isclose(dev, want, rel_tol=1e-12), chunk
+    with pytest.raises(ValueError, match="chunk"):
+        snaps["device"].norm(after, 0)
+
+
+def test_snapshot_host_copy_comes_back_one_piece_at_a_time(monkeypatch):
+    """The host snapshot reaches the weights' device in pieces of at most ``chunk`` elements, never a
+    whole tensor (on a GPU each piece is one pinned host-to-device copy; tests/test_gpu.py bounds the
+    CUDA memory)."""
+    seen: list[int] = []
+    real = optim._squared_diff
+
+    def spy(p, b, work):
+        seen.append(b.numel())
+        assert b.device.type == "cpu" and p.numel() == b.numel() <= work.numel()
+        return real(p, b, work)
+
+    monkeypatch.setattr(optim, "_squared_diff", spy)
+    after, before, exact = _integer_step([(40, 30), (7,)])
+    assert ParamSnapshot(before, "host").norm(after, 256) == math.sqrt(exact)
+    assert seen == [256] * 4 + [176, 7]  # 1200 = 4 x 256 + 176, then the 7-element tensor
 
 
 def _rows(d):
