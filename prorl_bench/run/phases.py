@@ -183,6 +183,9 @@ def ppo_update(
                 n_mb += 1
                 _accumulate(sums, mb, logp_old[idx], grad_norm, diagnostic_agg(a.loss_agg))
     s.guard.flush()
+    # The last minibatch's gradients are read by nothing after its step; kept, they would hold one
+    # parameter-sized copy on the device through the next rollout, log-prob passes and validation.
+    s.optimizer.zero_grad(set_to_none=True)
     lr = s.optimizer.param_groups[0]["lr"]
     return Update(sums, n_mb, ref_rows, _update_norm(params_before, trainable), lr, s.guard.skipped)
 

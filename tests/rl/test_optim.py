@@ -169,3 +169,24 @@ def test_update_norm_modes_in_training(run_exp):
     assert [{k: v for k, v in r.items() if k != "update_norm"} for r in o] == [
         {k: v for k, v in r.items() if k != "update_norm"} for r in d
     ]
+
+
+@pytest.mark.slow
+def test_gradients_are_freed_after_the_update(run_exp, monkeypatch):
+    """No gradient outlives its update: the rollout, the log-prob passes and validation of the next
+    step see none (kept, the last minibatch's would hold one parameter-sized copy through them)."""
+    from prorl_bench.run import trainer
+
+    seen: list[bool] = []
+
+    def watch(real):
+        def wrapped(ctx, s, *args, **kwargs):
+            seen.append(any(p.grad is not None for p in s.policy.parameters()))
+            return real(ctx, s, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "rollout", watch(trainer.rollout))
+    monkeypatch.setattr(trainer, "validate_phase", watch(trainer.validate_phase))
+    summary, _ = run_exp(["steps=3", "eval_every=1", "eval.at_start=false"], "grads")
+    assert len(seen) == 6 and not any(seen)  # 3 rollouts + 3 validations
