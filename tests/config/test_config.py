@@ -265,3 +265,38 @@ def test_config_dirs_prefer_the_copy_a_wheel_ships(tmp_path, monkeypatch):
     assert searchpath._pick("_conf", "conf") == searchpath.ROOT / "conf"
     (tmp_path / "_conf").mkdir()
     assert searchpath._pick("_conf", "conf") == tmp_path / "_conf"  # inside an installed package
+
+
+# Audit item 1: +key overrides were dropped silently but recorded as applied
+@pytest.mark.parametrize(
+    "override,hint",
+    [
+        ("+algo.learning_rate=1e-5", "algo.lr"),
+        ("+beta=0.5", "algo.beta"),
+        ("+num_generations=4", "algo.group_size"),
+        ("+algo.lrr=1", "algo.lr"),
+        ("+max_completion_length=64", "algo.max_new_tokens"),
+    ],
+)
+def test_unknown_keys_are_an_error_however_they_arrive(override, hint):
+    with pytest.raises(ConfigError, match=rf"unknown config key {override[1:].split('=')[0]}.*{hint}"):
+        make_config([override])
+
+
+# Audit item 16: huge seeds overflowed at the first evaluation
+@pytest.mark.parametrize("seed", [2**63 - 1, 1_700_000_000_000_000_000, -1])
+def test_out_of_range_seeds_are_rejected(seed):
+    with pytest.raises(ConfigError, match="seed"):
+        make_config([f"seed={seed}"])
+
+
+def test_the_largest_seed_runs(run_exp):
+    summary, _ = run_exp([f"seed={2**24 - 1}", "steps=3", "growth=rank", "adapter=lora", "growth.grow_every=1"])
+    assert summary["status"] == "completed"
+
+
+# Audit item 15/17: temperature=1e-45 crashed in sampling; 1e30 failed the warm-up with advice about max_steps
+@pytest.mark.parametrize("t", ["1e-45", "1e30", "0"])
+def test_degenerate_temperatures_are_config_errors(t):
+    with pytest.raises(ConfigError, match="algo.temperature"):
+        make_config([f"algo.temperature={t}"])

@@ -261,3 +261,13 @@ def test_graph_key_sees_the_module_state_a_graph_would_bake_in():
     assert _python_state(pol) == plain
     pol.train()
     assert _python_state(pol) != plain
+
+
+def test_sampling_from_nan_weights_names_the_cause():
+    tok = CharTokenizer()
+    pol = TransformerPolicy(ModelConfig(d_model=16, n_layers=1, n_heads=2), tok.vocab_size)
+    with torch.no_grad():
+        pol.lm_head.weight.fill_(float("nan"))
+    ids, mask = tok.encode_prompts(["R12="])
+    with pytest.raises(NonFiniteError, match="non-finite policy logits while sampling"):
+        generate(pol, tok, ids, mask, 4, 1.0, generator=torch.Generator().manual_seed(0))

@@ -45,3 +45,11 @@ def test_uniform_group_gets_zero_advantage_and_is_dropped_by_dynamic_sampling():
 def test_bad_shape_is_rejected():
     with pytest.raises(ValueError, match="group>=2"):
         compute_advantages("grpo", torch.ones(4, 1))
+
+
+# Audit item 6: all-equal groups got |A| ~ 0.06 in float32
+@pytest.mark.parametrize("name", ["grpo", "rloo", "dr_grpo"])
+def test_all_equal_groups_get_exactly_zero_advantage(name):
+    rewards = torch.tensor([[0.6] * 8, [1 / 3] * 8, [0.7] * 4 + [0.2] * 4])
+    adv = compute_advantages(name, rewards)
+    assert torch.equal(adv[:2], torch.zeros(2, 8)) and adv[2].abs().sum() > 0

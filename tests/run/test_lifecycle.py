@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from prorl_bench.run.outputs import read_jsonl
 from tests.conftest import FAST
 
 EXIT_PREEMPTED = 75
@@ -129,3 +130,18 @@ def test_a_full_disk_is_one_clear_error_and_no_bad_checkpoint(tmp_path, base_cac
     assert summary["status"] == "failed" and summary["error"].startswith("DiskFull: disk full")
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert ckpts == ["step_00000002.pt", "step_00000002.pt.sha256"], ckpts  # the partial temp file is gone
+
+
+# Audit item 18: re-running a completed run appended a second `end` event and overwrote wall_time_s
+def test_rerunning_a_finished_run_changes_nothing_and_wall_time_adds_up(run_exp):
+    summary, d = run_exp(["checkpoint.every=3"], name="r")
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"}
+    again, _ = run_exp(["checkpoint.every=3"], name="r")
+    assert again == json.loads((d / "summary.json").read_text())
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"} == before
+    ends = [e for e in read_jsonl(d / "events.jsonl") if e["event"] == "end"]
+    assert len(ends) == 1
+    # extending: the wall time is the sum over both segments, not the last one
+    longer, _ = run_exp(["checkpoint.every=3", "steps=8"], name="r")
+    assert longer["wall_time_s"] > summary["wall_time_s"]
+    assert len([e for e in read_jsonl(d / "events.jsonl") if e["event"] == "end"]) == 1

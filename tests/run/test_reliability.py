@@ -279,3 +279,35 @@ def test_a_finished_run_keeps_its_record_through_refused_and_failed_restarts(tmp
     assert r.returncode == 0, r.stderr
     assert not (d / FINISHED_SUMMARY).exists() and not (d / FINISHED_CONFIG).exists()
     assert load_run(d).status == "completed" and load_run(d).summary["steps_completed"] == 9
+
+
+# Audit item 9: resuming on another thread count silently changed the floats
+def test_resume_with_another_thread_count_is_refused(run_exp, base_cache):
+    from prorl_bench.run.trainer import train
+
+    _, d = run_exp(["hardware.torch_threads=1"], name="t")
+    with pytest.raises(ConfigError, match="hardware.torch_threads: 1 -> 2"):
+        train(make_config(FAST + ["hardware.torch_threads=2", "steps=8"]), d, base_cache)
+
+
+# Audit item 5: deleted metrics rows stayed deleted under a "completed" summary
+def test_resume_repairs_lost_rows_and_the_aggregator_flags_short_logs(run_exp, tmp_path):
+    from prorl_bench.sweeps.sweepdir import load_run
+
+    knobs = ["checkpoint.every=3"]
+    _, full = run_exp(knobs, name="full")
+    rows = (full / "metrics.jsonl").read_text().splitlines()
+    (full / "metrics.jsonl").write_text("\n".join(rows[:2] + rows[4:]) + "\n")  # rows of steps 3, 4 lost
+    (full / ".hydra").mkdir()
+    (full / ".hydra" / "overrides.yaml").write_text("[]\n")
+    run = load_run(full)
+    assert run.status == "incomplete" and "4 rows but summary.json says 6" in run.error
+    part = full.parent / "part"
+    import shutil
+
+    shutil.copytree(full, part)
+    for p in (part / "checkpoints").glob("step_00000006*"):
+        p.unlink()
+    (part / "summary.json").unlink()
+    run_exp(knobs, name="part")  # resumes from step 3: rows 1-3 come back from the checkpoint
+    assert [json.loads(x)["step"] for x in (part / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]

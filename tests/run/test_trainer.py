@@ -4,6 +4,7 @@ determinism, A2's buffer is never reallocated, non-finite values fail the run.""
 import json
 
 import pytest
+import torch
 
 from prorl_bench.run.outputs import read_jsonl
 from tests.conftest import strip_timing
@@ -213,3 +214,30 @@ def test_lr_restart_rule(over, want):
 
     cfg = make_config(over)
     assert lr_restart_warmup(cfg.opt_reset, cfg.algo.lr_warmup_steps) == want
+
+
+# Audit item 15: NaN/inf weights got past the guard (parameters were never checked after the step) and then
+#     failed in torch's sampler with "probability tensor contains inf"
+@pytest.mark.parametrize("policy", ["fail", "skip_batch"])
+def test_nonfinite_weights_after_the_step_stop_the_run_with_a_named_error(run_exp, monkeypatch, policy):
+    from prorl_bench.run import setup
+    from prorl_bench.run.guards import NonFiniteError
+
+    real_build = setup.build_optimizer
+
+    def build(policy, a):  # the RL optimizer only (the base's warm-up is left alone)
+        opt = real_build(policy, a)
+        real_step = opt.step
+
+        def poisoned(*args, **kw):
+            out = real_step(*args, **kw)
+            with torch.no_grad():
+                opt.param_groups[0]["params"][0].view(-1)[0] = float("inf")
+            return out
+
+        opt.step = poisoned
+        return opt
+
+    monkeypatch.setattr(setup, "build_optimizer", build)
+    with pytest.raises(NonFiniteError, match="parameters after the optimizer step"):
+        run_exp([f"guard.nonfinite={policy}"], name=policy)
