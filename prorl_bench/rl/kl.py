@@ -21,8 +21,9 @@ term (config error), ``clamped=True`` clamps its value to +-kl_clamp, ``params=M
 dataclass whose fields are flat keys of the ``kl_estimator`` section) is passed as ``params=``, and
 ``reward_form=fn(params, logp_ref, logp_old)`` may give the per-token penalty folded into the reward
 its own form (k2: the ProRL v2 ``ref_over_old`` formula when ``kl_estimator.k2_mode`` asks for it;
-None = the estimator itself). A run binds the estimator once (``build_kl``): nothing is looked up
-or checked per call.
+None = the estimator itself). Every KL the bench computes goes through one ``KLEstimator`` (the
+run's configured one from ``build_kl``, and the fixed diagnostics of ``run/kl_measure.py``), bound
+once: nothing is looked up or checked per call.
 """
 
 from __future__ import annotations
@@ -108,19 +109,6 @@ class KLEstimator:
 def build_kl(k: Any) -> KLEstimator:
     """The configured estimator (the ``kl_estimator`` group ``k``: name, clamps, params) bound once."""
     return KLEstimator(k.name, k.params, k.log_ratio_clamp, k.kl_clamp)
-
-
-def kl_per_token(
-    name: str,
-    logp: torch.Tensor,
-    logp_ref: torch.Tensor,
-    log_ratio_clamp: float = 20.0,
-    kl_clamp: float = 10.0,
-    params: Any = None,
-) -> torch.Tensor:
-    """Per-token estimate of KL(theta||ref) by ``name``, same shape as the inputs (a one-off: a run
-    binds its estimator once with ``build_kl``)."""
-    return KLEstimator(name, params, log_ratio_clamp, kl_clamp)(logp, logp_ref)
 
 
 @torch.no_grad()

@@ -29,11 +29,10 @@ def step_kl(
     if not s.ref.exists or len(rows) == 0:
         ref = ref_k1 = k2 = float("nan")
     else:
-        k = ctx.cfg.kl_estimator
         lo, lr, m = logp_old[rows], upd.ref_rows[rows], mask[rows]
         agg = diagnostic_agg(ctx.cfg.algo.loss_agg)
         ref = float(mean_kl(ctx.kl, lo, lr, m, agg))
-        ref_k1 = float(mean_kl("k1", lo, lr, m, agg, clamps=(k.log_ratio_clamp, k.kl_clamp)))
+        ref_k1 = float(mean_kl("k1", lo, lr, m, agg))  # k1 takes no exp: no clamp applies
         k2 = float(mean_kl(K2_REF_OVER_OLD, lo, lr, m, agg))
     # KL to the initial base: kl/ref while the reference is the base; once it moved (a reset, or a
     # moving strategy) it is measured at regular validation steps (validate_phase); B has no second model

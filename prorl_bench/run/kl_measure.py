@@ -1,40 +1,49 @@
 """One helper for every KL the run measures (not the loss's KL term, which ``phases`` builds with
 the estimator's gradient): a per-token estimate between two log-prob tensors, aggregated over the
-completion tokens. Used for kl/ref and its variants, kl/old, kl/base and a reset's before/after KL."""
+completion tokens. Used for kl/ref and its variants, kl/old, kl/base and a reset's before/after KL.
+Every value comes from a bound ``rl.kl.KLEstimator``: the run's (``ctx.kl``) or a named one, built
+once per process (``named_kl``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
-from prorl_bench.config import LossAgg
-from prorl_bench.rl.kl import KLEstimator, k2_ref_over_old, kl_per_token
+from prorl_bench.config import K2Mode, LossAgg
+from prorl_bench.rl.kl import K2Params, KLEstimator
 from prorl_bench.rl.losses import aggregate
 
-K2_REF_OVER_OLD = "k2_ref_over_old"  # the ProRL v2 blog formula (a diagnostic, no gradient)
+K2_REF_OVER_OLD = "k2_ref_over_old"  # the ProRL v2 blog formula (a diagnostic, no gradient): k2's reward form
+
+
+@functools.cache
+def named_kl(name: str) -> KLEstimator:
+    """The registered estimator ``name`` with its default parameters and clamps, bound once (kl/old and a
+    reset's before/after KL use k3, kl/ref_k1 k1). ``K2_REF_OVER_OLD`` is k2 with
+    ``k2_mode=ref_over_old``, whose reward form (``KLEstimator.reward``) is that formula."""
+    if name == K2_REF_OVER_OLD:
+        return KLEstimator("k2", K2Params(k2_mode=K2Mode.ref_over_old))
+    return KLEstimator(name)
 
 
 def mean_kl(
-    estimator: Any,
-    logp: torch.Tensor,
-    logp_other: torch.Tensor,
-    mask: torch.Tensor,
-    agg: LossAgg,
-    clamps: tuple[float, float] | None = None,
+    estimator: Any, logp: torch.Tensor, logp_other: torch.Tensor, mask: torch.Tensor, agg: LossAgg
 ) -> torch.Tensor:
     """KL(pi || other) per token, aggregated by ``agg`` over ``mask`` (all (B, L)); a 0-d tensor.
 
-    ``estimator``: the run's bound estimator (``kl.KLEstimator``, built once from the ``kl_estimator``
-    group: its name, clamps and params), a registered
-    estimator's name (``"k1"``, ``"k3"``; ``clamps``: (log-ratio clamp, KL clamp), default the
-    estimator's), or ``K2_REF_OVER_OLD`` (``logp`` is pi_old's, ``logp_other`` the reference's)."""
-    if estimator == K2_REF_OVER_OLD:
-        per_token = k2_ref_over_old(logp_other, logp)
-    elif isinstance(estimator, str):
-        per_token = kl_per_token(estimator, logp, logp_other, *(clamps or ()))
-    else:
-        if not isinstance(estimator, KLEstimator):
-            raise TypeError(f"mean_kl takes the run's bound KLEstimator (kl.build_kl), got {type(estimator).__name__}")
+    ``estimator``: the run's bound estimator (``KLEstimator``, built once from the ``kl_estimator``
+    group by ``kl.build_kl``: its name, clamps and params), a registered estimator's name (``"k1"``,
+    ``"k3"``: ``named_kl``), or ``K2_REF_OVER_OLD`` (``logp`` is pi_old's, ``logp_other`` the
+    reference's)."""
+    if isinstance(estimator, str):
+        bound = named_kl(estimator)
+        per_token = bound.reward(logp, logp_other) if estimator == K2_REF_OVER_OLD else bound(logp, logp_other)
+    elif isinstance(estimator, KLEstimator):
         per_token = estimator(logp, logp_other)
+    else:
+        raise TypeError(
+            f"mean_kl takes a KLEstimator (kl.build_kl) or an estimator's name, got {type(estimator).__name__}"
+        )
     return aggregate(per_token, mask, agg)

@@ -2,7 +2,7 @@
 
 import torch
 
-from prorl_bench.rl.kl import k1, k2, k2_ref_over_old, k3, kl_per_token
+from prorl_bench.rl.kl import KLEstimator, k1, k2, k2_ref_over_old, k3
 
 
 def _dists(seed=0, n=7):
@@ -57,10 +57,10 @@ def test_k3_nonnegative_and_zero_at_equality():
 def test_clamps_bound_k3_only():
     logp = torch.tensor([0.0, 0.0])
     logq = torch.tensor([-100.0, 100.0])
-    v = kl_per_token("k3", logp, logq, log_ratio_clamp=20.0, kl_clamp=10.0)
+    v = KLEstimator("k3", log_ratio_clamp=20.0, kl_clamp=10.0)(logp, logq)
     assert torch.isfinite(v).all() and (v.abs() <= 10.0).all()  # no overflow in exp, value clamped
-    assert torch.equal(kl_per_token("k1", logp, logq), torch.tensor([100.0, -100.0]))  # unclamped
-    assert torch.equal(kl_per_token("k2", logp, logq), torch.tensor([5000.0, 5000.0]))
+    assert torch.equal(KLEstimator("k1")(logp, logq), torch.tensor([100.0, -100.0]))  # unclamped
+    assert torch.equal(KLEstimator("k2")(logp, logq), torch.tensor([5000.0, 5000.0]))
 
 
 def test_k2_ref_over_old_matches_blog_formula_and_carries_no_gradient():
@@ -76,8 +76,6 @@ def test_the_kl_gradient_survives_on_the_tokens_that_drifted_furthest():
     """Audit item 7: a value clamp on every estimator zeroed k2's gradient for |l| > 4.47.
     k1 and k2 are unclamped (gradient 1 and l everywhere); k3 keeps verl's clamp, whose price
     (no gradient once k3 > 10: l < -2.61 or l > 11) is documented and pinned here."""
-    from prorl_bench.rl.kl import kl_per_token
-
     logp_ref = torch.zeros(6)
     ells = torch.tensor([-12.0, -5.0, -2.0, 2.0, 5.0, 12.0])
     for name, expected in (
@@ -86,9 +84,9 @@ def test_the_kl_gradient_survives_on_the_tokens_that_drifted_furthest():
         ("k3", torch.where((ells < -2.61) | (ells > 11.0), 0.0, 1.0 - torch.exp(-ells))),
     ):
         logp = ells.clone().requires_grad_(True)
-        kl_per_token(name, logp, logp_ref).sum().backward()
+        KLEstimator(name)(logp, logp_ref).sum().backward()
         assert torch.allclose(logp.grad, expected, atol=1e-5), (name, logp.grad)
     # the clamp boundary of k3 itself: just inside it the gradient is alive
     logp = torch.tensor([-2.6, 10.9], requires_grad=True)
-    kl_per_token("k3", logp, torch.zeros(2)).sum().backward()
+    KLEstimator("k3")(logp, torch.zeros(2)).sum().backward()
     assert (logp.grad.abs() > 0.5).all()
