@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prorl_bench import searchpath
 from prorl_bench.cli.confhelp import force_option_params, register_help
+from prorl_bench.cli.job_config import show_job_config
 from prorl_bench.config import ConfigError, complete, register_configs, to_config
 from prorl_bench.run import provenance
 from prorl_bench.run.outputs import SAMPLES, read_jsonl, write_summary
@@ -223,7 +224,8 @@ def main() -> None:
     Before Hydra composes anything: a TRL / verl parameter name or a misspelled key gets "did you
     mean" with the bench's key and the value (``confhelp.check_overrides``); a single run's config is
     validated, so a bad value leaves no run directory behind (``preflight.validate_single_run``); a
-    SLURM launcher without SLURM is one line. Each is exit status 2 and nothing is written."""
+    SLURM launcher without SLURM is one line. Each is exit status 2 and nothing is written. A single
+    run's ``--cfg job`` prints the config the run will use (``job_config``), not Hydra's composition."""
     from prorl_bench.cli import preflight
 
     provenance.remember_command()  # the launcher's workers record the command the user typed
@@ -233,6 +235,8 @@ def main() -> None:
         print(problem, file=sys.stderr)
         raise SystemExit(2)
     sys.argv[1:] = force_option_params(args)  # reset.trigger=X reset.<X's parameter>=v: no "+" needed
+    if show_job_config(sys.argv[1:]):  # --cfg job: the selected options' keys, as the run records them
+        return
     hydra_main()
 
 
