@@ -1,0 +1,29 @@
+"""The KL coefficient controller (rl/kl_control.py): adaptive direction and bounds, fixed stays fixed."""
+
+import pytest
+
+from prorl_bench.config import KLControlConfig, KLControlKind
+from prorl_bench.rl.kl_control import KLController
+
+
+def test_adaptive_kl_controller_direction_and_bounds():
+    cfg = KLControlConfig(kind=KLControlKind.adaptive, target=0.1, horizon=10, beta_min=0.01, beta_max=0.2)
+    ctl = KLController(0.05, cfg)
+    ctl.update(0.5)
+    assert ctl.value == pytest.approx(0.05 * 1.02)  # error clipped at +20%, / horizon
+    for _ in range(500):
+        ctl.update(0.5)
+    assert ctl.value == 0.2  # upper bound
+    for _ in range(1000):
+        ctl.update(0.0)
+    assert ctl.value == 0.01  # lower bound
+    v = ctl.value
+    ctl.update(float("nan"))
+    assert ctl.value == v
+    ctl.update(0.1)  # on target: no change
+    assert ctl.value == v
+    ctl.restore()
+    assert ctl.value == 0.05
+    fixed = KLController(0.05, KLControlConfig(kind=KLControlKind.fixed))
+    fixed.update(10.0)
+    assert fixed.value == 0.05
