@@ -1,11 +1,14 @@
 """engine=trl end to end: refusals before anything runs, the mapping table generated from the rules,
-one run directory for both engines (files, keys, resume), a grid through the SLURM code path
-(submitit_local) aggregated with the same columns as a native grid, and variant B without a
-reference model. Entry points are started from a temporary directory, as a user runs them."""
+A0 and B on TRL's own trainer as mathematics (A0 = A1 bitwise with ppo_epochs x the reference
+forwards; B's KL anchored at pi_old), the measured keys (kl/old, update_norm, stage timers) against
+independent computations, one run directory for both engines (files, keys, resume), a grid through
+the SLURM code path (submitit_local) aggregated with the same columns as a native grid, and variant B
+without a reference model. Entry points are started from a temporary directory, as a user runs them."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from prorl_bench.config import to_config
 from prorl_bench.engines.trl import config_map
@@ -64,9 +68,8 @@ def test_docs_table_is_generated_from_the_rules():
 @pytest.mark.parametrize(
     "overrides,key",
     [
-        (["variant=A0"], "variant.name"),
         (["variant=A2"], "variant.name"),
-        (["variant=B"], "variant.name"),  # B with beta > 0: the bench's KL-to-old has no TRL term
+        (["variant=A0", "algo.beta=0"], "variant.name"),  # TRL loads no reference model at beta = 0
         (["kl_estimator=k2"], "kl_estimator.name"),
         (["kl_estimator=k1", "kl_estimator.placement=reward"], "kl_estimator.placement"),
         (["adapter=lora", "growth=rank"], "growth.kind"),
@@ -84,7 +87,8 @@ def test_refused_knobs_name_the_key(model_dir, overrides, key):
 def test_what_trl_can_express_is_accepted(model_dir):
     base = ["engine=trl", *_hf(model_dir)]
     for extra in ([], ["variant=C", "reset=periodic", "opt_reset=hard"], ["variant=B", "algo.beta=0"],
-                  ["adapter=lora", "adapter.targets=[q_proj,v_proj]"], ["algo=dr_grpo"]):  # fmt: skip
+                  ["variant=A0"], ["variant=B"], ["adapter=lora", "adapter.targets=[q_proj,v_proj]"],
+                  ["algo=dr_grpo"]):  # fmt: skip
         cfg = to_config(compose_cfg(base + extra))
         assert config_map.refusals(cfg) == []
     assert cfg.algo.adv_eps == config_map.TRL_ADV_EPS  # engine=trl states TRL's hard-coded epsilon
@@ -92,13 +96,174 @@ def test_what_trl_can_express_is_accepted(model_dir):
 
 def test_refusal_fails_fast_from_the_cli(tmp_path, model_dir):
     """Exit status 2, every refused key named with its reason, and nothing written (no run directory)."""
-    proc = _cli("prorl-bench", ["engine=trl", *_hf(model_dir), "variant=A0", "kl_estimator=k2",
+    proc = _cli("prorl-bench", ["engine=trl", *_hf(model_dir), "variant=A2", "kl_estimator=k2",
                                 "adapter=lora", "growth=rank", "kl_ctl=adaptive"], tmp_path)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     for key in ("variant.name", "kl_estimator.name", "growth.kind", "kl_ctl.kind"):
         assert key in proc.stderr
-    assert "once per generation batch" in proc.stderr  # the reason, not only the key
+    assert "no preallocated reference buffer" in proc.stderr  # the reason, not only the key
     assert list(tmp_path.iterdir()) == []  # nothing ran, nothing was written
+
+
+# --------------------------------------------------------------------------- A0 and B on TRL's trainer
+
+MB, EPOCHS, RL_STEPS = 2, 2, 2  # minibatches x PPO epochs per RL step (TRL: steps_per_generation, num_iterations)
+
+
+def _bench_trainer(model_dir: Path, tmp: Path, source: str, beta: float = 0.01, mb: int = MB, epochs: int = EPOCHS):
+    """TRL's trainer with the bench's reference source, on a reward with spread (the sum of the
+    completion's ids mod 5), 2 prompts x 4 samples per RL step, lr high enough to move the policy."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from prorl_bench.engines.trl.trainer import BenchGRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp / source), beta=0.0 if source == "old" else beta, max_steps=RL_STEPS * mb * epochs,
+        per_device_train_batch_size=8 // mb, steps_per_generation=mb, num_generations=4, num_iterations=epochs,
+        max_completion_length=6, use_cpu=True, report_to="none", learning_rate=1e-2, lr_scheduler_type="constant",
+        optim="adamw_torch", gradient_checkpointing=False, bf16=False, disable_tqdm=True, logging_steps=1,
+        shuffle_dataset=False, seed=0, save_strategy="no", use_bias_correction_kl=False,
+    )  # fmt: skip
+    prompts = Dataset.from_list([{"prompt": f"[BOS]R{i}{i + 3}="} for i in range(2 * RL_STEPS)])
+    return BenchGRPOTrainer(model=str(model_dir), reward_funcs=lambda completion_ids, **_: [
+        float(sum(ids) % 5) for ids in completion_ids], args=args, train_dataset=prompts, ref_source=source,
+        kl_beta=beta)  # fmt: skip
+
+
+def _record(trainer):
+    """A TrainerCallback recording TRL's per-optimizer-step logs and the trainer's kl/old per step."""
+    from transformers import TrainerCallback
+
+    class Record(TrainerCallback):
+        def __init__(self):
+            self.logs, self.kl_old = [], []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                self.logs.append(dict(logs))
+                self.kl_old.append(trainer.take_step()["kl/old"])  # logging_steps=1: one optimizer step
+
+    rec = Record()
+    trainer.add_callback(rec)
+    return rec
+
+
+def _train(trainer):
+    from prorl_bench.engines.trl.callback import unwrap
+    from prorl_bench.engines.trl.rundir import RefCounter
+
+    rec = _record(trainer)
+    refs = RefCounter(unwrap(trainer.ref_model, "module") if trainer.ref_model is not None else None)
+    trainer.train()
+    return rec, refs
+
+
+def test_a0_equals_a1_on_trl_with_ppo_epochs_times_the_reference_forwards(tmp_path, model_dir):
+    """A0 recomputes the frozen reference's log-probs in every loss computation: the same values as A1's
+    one pass per generation batch, so the same losses, KL, gradients and weights (bitwise); the reference
+    runs once per minibatch per epoch instead of once per minibatch-sized chunk of the batch: ppo_epochs x
+    the forwards and the tokens."""
+    a1 = _bench_trainer(model_dir, tmp_path, "cached")
+    rec1, ref1 = _train(a1)  # built and trained in turn: a trainer seeds the global RNG when built
+    a0 = _bench_trainer(model_dir, tmp_path, "recompute")
+    rec0, ref0 = _train(a0)
+    keys = ("loss", "kl", "grad_norm", "entropy", "clip_ratio/region_mean", "reward")
+    assert len(rec1.logs) == RL_STEPS * MB * EPOCHS
+    assert [[r.get(k) for k in keys] for r in rec0.logs] == [[r.get(k) for k in keys] for r in rec1.logs]
+    assert any(r["kl"] > 0 for r in rec1.logs) and any(r["loss"] != 0 for r in rec1.logs)  # not a trivial run
+    for (n, p0), (_, p1) in zip(a0.model.named_parameters(), a1.model.named_parameters()):
+        assert torch.equal(p0, p1), n
+    assert ref1.calls == RL_STEPS * MB and ref0.calls == RL_STEPS * MB * EPOCHS
+    assert ref0.tokens == EPOCHS * ref1.tokens > 0
+
+
+def test_b_anchors_the_kl_at_pi_old_without_a_reference_model(tmp_path, model_dir):
+    """B with beta > 0: no reference model is loaded; the KL term is k3 to pi_old (TRL's own
+    old_per_token_logps). So it is 0 on each RL step's first minibatch (the policy *is* pi_old there);
+    on RL step 1 pi_old is the initial policy, i.e. A1's reference: the two runs agree bitwise there."""
+    b = _bench_trainer(model_dir, tmp_path, "old")
+    assert b.ref_model is None
+    rec_b, refs_b = _train(b)
+    rec_a1, _ = _train(_bench_trainer(model_dir, tmp_path, "cached"))
+    per = MB * EPOCHS
+    assert [r["kl"] for r in rec_b.logs[::per]] == [0.0] * RL_STEPS
+    keys = ("loss", "kl", "grad_norm", "entropy")
+    assert [[r[k] for k in keys] for r in rec_b.logs[:per]] == [[r[k] for k in keys] for r in rec_a1.logs[:per]]
+    assert rec_b.logs[per]["loss"] != rec_a1.logs[per]["loss"]  # step 2: pi_old moved, the reference did not
+    assert refs_b.calls == 0
+    # kl/old (the bench's diagnostic on TRL's own log-probs) = TRL's logged KL, which here is to pi_old
+    assert rec_b.kl_old == pytest.approx([r["kl"] for r in rec_b.logs], rel=1e-5, abs=1e-7)
+    assert any(v > 0 for v in rec_b.kl_old)
+
+
+def test_b_with_one_minibatch_and_epoch_has_no_kl_term(tmp_path, model_dir):
+    """One minibatch, one epoch: TRL computes no pi_old (the policy is pi_old at the loss), k3 and its
+    gradient are exactly 0, so B at beta > 0 trains exactly as beta = 0 (TRL's plain B)."""
+    runs = []
+    for beta_source in ("old", "zero"):
+        trainer = _bench_trainer(model_dir, tmp_path / beta_source, "old" if beta_source == "old" else "cached",
+                                 beta=0.01 if beta_source == "old" else 0.0, mb=1, epochs=1)  # fmt: skip
+        runs.append(_train(trainer)[0].logs)
+    keys = ("loss", "grad_norm", "entropy")
+    assert [[r[k] for k in keys] for r in runs[0]] == [[r[k] for k in keys] for r in runs[1]]
+
+
+def test_stage_timers_and_kl_old_are_measured(tmp_path, model_dir):
+    """Every stage TRL runs is timed around its own method: finite, >= 0, nested inside the batch's
+    scoring; kl/old is 0 on each RL step's first minibatch (the policy is pi_old) and the bench's k3
+    mean otherwise."""
+    trainer = _bench_trainer(model_dir, tmp_path, "recompute")
+    seen = []
+    real = trainer.take_step
+
+    def take():
+        seen.append(real())
+        return seen[-1]
+
+    trainer.take_step = take
+    rec, _ = _train(trainer)
+    per = MB * EPOCHS
+    assert [rec.kl_old[i] for i in range(0, len(rec.kl_old), per)] == [0.0] * RL_STEPS
+    assert all(math.isfinite(v) and v >= 0 for v in rec.kl_old) and max(rec.kl_old) > 0
+    firsts = seen[::per]  # the optimizer step that generated and scored the RL step's batch
+    for t in firsts:
+        assert all(math.isfinite(t[k]) and t[k] > 0 for k in ("rollout", "reward", "old_logprob", "score"))
+        assert t["rollout"] + t["reward"] + t["old_logprob"] <= t["score"]
+    assert all(t["ref_in_loss"] > 0 for t in seen)  # A0: a reference pass in every loss computation
+    assert all(t["score"] == 0 for i, t in enumerate(seen) if i % per)  # later minibatches reuse the batch
+
+
+def test_update_norm_is_the_rl_steps_parameter_change(tmp_path, model_dir):
+    """StepMeter's update_norm = ||theta after the RL step's optimizer steps - theta before||_2, checked
+    against copies taken by an independent callback; hardware.update_norm=off gives NaN."""
+    from transformers import TrainerCallback
+
+    from prorl_bench.engines.trl.meters import StepMeter
+
+    trainer = _bench_trainer(model_dir, tmp_path, "cached")
+    per = MB * EPOCHS
+    meter = StepMeter(trainer.model, per)
+    off = StepMeter(trainer.model, per, "off")
+    norms, copies = [], []
+
+    class Independent(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step % per == 0:
+                copies.append([p.detach().clone() for p in trainer.model.parameters()])
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % per == 0:
+                diff = sum(((p.detach() - c).double() ** 2).sum() for p, c in zip(trainer.model.parameters(),
+                                                                                   copies[-1]))  # fmt: skip
+                norms.append((float(diff) ** 0.5, meter.take(), off.take()))
+
+    for cb in (meter, off, Independent()):
+        trainer.add_callback(cb)
+    trainer.train()
+    assert len(norms) == RL_STEPS
+    for expected, (got, seconds), (nan, _) in norms:
+        assert expected > 0 and got == pytest.approx(expected, rel=1e-9) and seconds > 0 and math.isnan(nan)
 
 
 # --------------------------------------------------------------------------- one run directory contract

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from prorl_bench.config import AdamWImpl, AdapterKind, Config, ConfigError, Device, DType
-from prorl_bench.engines.trl.config_map import LOSS_TYPES, SCALE_REWARDS
+from prorl_bench.engines.trl.config_map import LOSS_TYPES, SCALE_REWARDS, ref_source
 from prorl_bench.run.evaluation import score_details
 from prorl_bench.tasks.base import Problem, Task
 
@@ -55,7 +55,8 @@ def grpo_args(cfg: Config, output_dir: Path, completion_budget: int, processes: 
         temperature=a.temperature,
         top_p=a.top_p,
         top_k=a.top_k,
-        beta=a.beta,
+        beta=0.0 if ref_source(cfg) == "old" else a.beta,  # B: no reference model; the trainer anchors at pi_old
+        use_bias_correction_kl=False,  # the bench's KL term is k3 itself (TRL 1.16's default weights it by the ratio)
         epsilon=a.eps_low,
         epsilon_high=a.eps_high,
         loss_type=LOSS_TYPES[a.loss_agg],

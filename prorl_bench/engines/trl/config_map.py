@@ -37,6 +37,19 @@ LOSS_TYPES = {LossAgg.token: "dapo", LossAgg.sequence: "grpo", LossAgg.seq_mean_
 SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none"}
 REFERENCE_ADAPTER = "ref"  # TRL's reference adapter name for a PEFT policy (trainer: use_adapter(model, "ref"))
 TRL_ADV_EPS = 1e-4  # TRL divides by (std + 1e-4), hard-coded (grpo_trainer.py)
+# where the KL term's anchor log-probs come from on TRL (engines/trl/trainer.py: BenchGRPOTrainer)
+REF_SOURCES = ("cached", "recompute", "old")
+
+
+def ref_source(cfg: Config) -> str:
+    """``variant.reference`` (+ ``algo.beta``) -> ``BenchGRPOTrainer``'s ``ref_source``: A0 recomputes
+    in every loss computation; B with beta > 0 anchors the KL at pi_old; everything else is TRL's own
+    cached pass (B at beta = 0 has no KL term, so nothing differs)."""
+    if cfg.variant.reference == "recompute":
+        return "recompute"
+    if cfg.variant.reference == "none" and cfg.algo.beta > 0:
+        return "old"
+    return "cached"
 
 
 @dataclass(frozen=True)
@@ -158,16 +171,20 @@ RULES: tuple[Rule, ...] = (
     # ---- variants and the KL term
     Rule(
         "variant.name",
-        "A1: TRL's default; B: `beta=0`; C: A1 + `ReferenceResetCallback`",
+        "A0: `BenchGRPOTrainer` recomputes the reference log-probs in every loss computation (minibatch x "
+        "PPO epoch) instead of once per generation batch; A1: TRL's default; B: no reference model (TRL's "
+        "`beta=0`), the KL term anchored at pi_old (TRL's `old_per_token_logps`) when beta > 0; "
+        "C: A1 + `ReferenceResetCallback`",
         lambda c: _variant_refusal(c),
-        "A0, A2",
+        "A2; A0/A1/C with beta = 0",
     ),
-    Rule("variant.reference", "cached (A1/C) or none (B)"),
+    Rule("variant.reference", "recompute (A0), cached (A1/C) or none (B) (`engines/trl/trainer.py`)"),
     Rule("variant.resets", "`ReferenceResetCallback` (the bench's triggers and optimizer transforms)"),
-    Rule("variant.params", "n/a (cached / none take no parameters)"),
+    Rule("variant.params", "n/a (recompute / cached / none take no parameters)"),
     Rule(
         "kl_estimator.name",
-        "k3 in the loss: TRL's `per_token_kl`",
+        "k3 in the loss: TRL's `per_token_kl`, `use_bias_correction_kl=False` (TRL 1.16's default multiplies it "
+        "by the ratio pi_theta / pi_old; the bench's term is k3 itself)",
         lambda c: (
             None
             if c.kl_estimator.name == "k3"
@@ -262,7 +279,11 @@ RULES: tuple[Rule, ...] = (
     Rule("hardware.torch_threads", "the bench pins torch threads before TRL starts"),
     Rule("hardware.peak_flops", "n/a (TRL reports no FLOPs)"),
     Rule("hardware.decode", "the bench's held-out evaluation only (TRL's generate for training)"),
-    Rule("hardware.update_norm", "n/a: `update_norm` is not measured under TRL (NaN)"),
+    Rule(
+        "hardware.update_norm",
+        "where the snapshot for `update_norm` lives (the bench's `ParamSnapshot`, taken before the RL step's "
+        "first optimizer step)",
+    ),
     Rule("hardware.logits_mb", "the bench's held-out evaluation only"),
     # ---- the bench around TRL: data, evaluation, records
     Rule(
@@ -302,18 +323,11 @@ RULES: tuple[Rule, ...] = (
 
 def _variant_refusal(c: Config) -> str | None:
     v = c.variant
-    if v.reference == "recompute":
-        return (f"variant={v.name}: TRL computes reference log-probs once per generation batch and reuses them "
-                "across num_iterations (that is A1); A0's per-minibatch recompute is not expressible")  # fmt: skip
     if v.reference == "buffered":
         return f"variant={v.name}: TRL has no preallocated reference buffer (its behaviour is A1)"
-    if v.reference == "none" and c.algo.beta != 0:
-        return (f"variant={v.name} with algo.beta={c.algo.beta}: TRL's B is beta=0 (no KL term, no reference "
-                "model); the bench's B takes beta * KL(theta || pi_old), which TRL has no term for: "
-                "set algo.beta=0")  # fmt: skip
-    if v.reference not in ("cached", "none"):
-        return f"variant.reference={v.reference}: TRL knows a frozen reference (cached) or none"
-    if v.reference == "cached" and c.algo.beta == 0:
+    if v.reference not in ("cached", "recompute", "none"):
+        return f"variant.reference={v.reference}: TRL knows a frozen reference (cached / recompute) or none"
+    if v.reference != "none" and c.algo.beta == 0:
         return (f"variant={v.name} with algo.beta=0: TRL loads no reference model at beta=0; use variant=B "
                 "(or beta > 0)")  # fmt: skip
     return None

@@ -23,6 +23,7 @@ import torch
 from prorl_bench.config import Config, ConfigError, HFImpl
 from prorl_bench.engines.trl.build import RewardLog, bench_reward, grpo_args, peft_config, prompt_dataset
 from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
+from prorl_bench.engines.trl.config_map import ref_source
 from prorl_bench.engines.trl.rundir import BENCH_STATE, BenchRunCallback
 from prorl_bench.models.hf_model import HFCausalLMPolicy
 from prorl_bench.rl.resets import reset_reference
@@ -89,7 +90,8 @@ def _resume_state(cfg: Config, run_dir: Path, write: bool = True) -> tuple[Path 
 def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress: bool,
            resolved_config: str | None, preempt: PreemptionFlag) -> dict[str, Any]:  # fmt: skip
     from transformers import PrinterCallback
-    from trl import GRPOTrainer
+
+    from prorl_bench.engines.trl.trainer import BenchGRPOTrainer
 
     if (done := finished_summary(run_dir, cfg.steps)) is not None:
         return done  # re-running a finished run: nothing to do, nothing rewritten
@@ -111,8 +113,10 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
     data, problems = prompt_dataset(cfg, task, tok)
     rewards = RewardLog()
     args = grpo_args(cfg, run_dir / TRL_DIR, task.max_completion_len, processes=_processes())
-    trainer = GRPOTrainer(model=policy.hf, reward_funcs=bench_reward(task, tok, problems, rewards), args=args,
-                          train_dataset=data, processing_class=tok.hf, peft_config=peft_config(cfg))  # fmt: skip
+    trainer = BenchGRPOTrainer(model=policy.hf, reward_funcs=bench_reward(task, tok, problems, rewards), args=args,
+                               train_dataset=data, processing_class=tok.hf, peft_config=peft_config(cfg),
+                               ref_source=ref_source(cfg), kl_beta=cfg.algo.beta,
+                               loss_agg=cfg.algo.loss_agg)  # fmt: skip
     align_reference(trainer)
     trainer.remove_callback(PrinterCallback)  # TRL's log dicts on stdout: the bench writes metrics.jsonl
     resets = ReferenceResetCallback(trainer, cfg.reset if cfg.variant.resets else {"trigger": "none"},

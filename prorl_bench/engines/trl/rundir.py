@@ -24,8 +24,9 @@ from transformers import TrainerCallback
 from prorl_bench.config import Config
 from prorl_bench.engines.trl.build import RewardLog
 from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
+from prorl_bench.engines.trl.meters import StepMeter
 from prorl_bench.run.checkpoint import config_dict, save_verified
-from prorl_bench.run.evaluation import prompts_to_write, validate
+from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
 from prorl_bench.run.outputs import COUNTERS, STAGES
 
 BENCH_STATE = "prorl_bench_state.pt"  # in TRL's checkpoint-N directory, next to its optimizer.pt
@@ -92,14 +93,23 @@ class BenchRunCallback(TrainerCallback):
         self.history: list[dict[str, Any]] = state["history"]
         self.val_rows: list[dict[str, Any]] = state["val_rows"]
         self.wall_before: float = state.get("wall_time_s", 0.0)
+        # the base evaluation's correct samples per held-out prompt: later evaluations' coverage classes
+        self.base_correct: list[int] | None = state.get("base_correct")
         self.per = resets.per_rl_step
         self.ref = RefCounter(unwrap(trainer.ref_model, "module") if trainer.ref_model is not None else None)
         self.preempted_at: int | None = None
         self._done = (0, 0)
         self._t0 = self._mark = time.perf_counter()
+        self.meter = StepMeter(trainer.model, self.per, cfg.hardware.update_norm)
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self._t0
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.meter.on_step_begin(args, state, control, **kw)
+
+    def on_step_end(self, args, state, control, **kw):
+        self.meter.on_step_end(args, state, control, **kw)
 
     def on_train_begin(self, args, state, control, **kw):
         self.resets.on_train_begin(args, state, control, **kw)
@@ -137,6 +147,8 @@ class BenchRunCallback(TrainerCallback):
         rewards, success, lengths = (gather(x) for x in self.rewards.take())  # every process's share
         self._done = (sum(lengths), len(lengths))  # completion tokens and samples of this RL step
         calls, tokens, ref_s = self.ref.take()
+        measured = self.trainer.take_step()  # BenchGRPOTrainer's stage seconds and kl/old
+        update_norm, opt_s = self.meter.take()
         r = torch.tensor(rewards, dtype=torch.float64)
         row: dict[str, Any] = {
             "step": step,
@@ -150,16 +162,25 @@ class BenchRunCallback(TrainerCallback):
         for key in ("loss/total", "grad_norm"):
             if not math.isfinite(row[key]):
                 raise FloatingPointError(f"step {step}: {key}={row[key]} (guard.nonfinite=fail; TRL's {TRL_KEYS[key]})")
-        row |= {"loss/pg": NAN, "loss/kl": NAN, "kl/old": NAN, "kl/ref_k1": NAN, "kl/k2_ref_over_old": NAN,
-                "kl/base": NAN, "kl/beta": self.cfg.algo.beta, "update_norm": NAN, "ds/kept_frac": 1.0,
-                "guard/skipped": 0, "growth": 0}  # fmt: skip
-        if step == 1 or not self.resets.resets:  # the reference is still the base until the first reset
+        a = self.cfg.algo
+        if self.trainer.ref_source == "old":  # B: TRL's logged kl is to pi_old; there is no reference
+            row["kl/ref"] = NAN
+        # TRL's loss is the policy-gradient term alone when it adds no KL and no entropy term
+        pg = row["loss/total"] if a.beta == 0 and a.entropy_coef == 0 else NAN
+        row |= {"loss/pg": pg, "loss/kl": NAN, "kl/old": measured["kl/old"], "kl/ref_k1": NAN,
+                "kl/k2_ref_over_old": NAN, "kl/base": NAN, "kl/beta": a.beta, "update_norm": update_norm,
+                "ds/kept_frac": 1.0, "guard/skipped": 0, "growth": 0}  # fmt: skip
+        if (step == 1 or not self.resets.resets) and self.trainer.ref_source != "old":  # still the base reference
             row["kl/base"] = row["kl/ref"]
         row |= {f"time/{s}": NAN for s in STAGES}
-        row |= {"time/ref_logprob": ref_s if calls else 0.0, "time/eval": 0.0, "time/reset": 0.0,
-                "time/growth": 0.0, "time/step": step_time}  # fmt: skip
+        ref_s = ref_s if calls else 0.0
+        # as native, stages nest exclusively: A0's reference forwards in the loss are ref_logprob's, not update's
+        update_s = opt_s - measured["score"] - measured["ref_in_loss"]
+        row |= {"time/rollout": measured["rollout"], "time/reward": measured["reward"],
+                "time/old_logprob": measured["old_logprob"], "time/ref_logprob": ref_s, "time/update": update_s,
+                "time/eval": 0.0, "time/reset": 0.0, "time/growth": 0.0, "time/step": step_time}  # fmt: skip
         row |= dict.fromkeys(COUNTERS, NAN)
-        if self.trainer.ref_model is not None or self.cfg.algo.beta == 0:
+        if self.trainer.ref_model is not None or self.trainer.ref_source == "old" or a.beta == 0:  # none: PEFT
             row |= {"count/ref_fwd": calls, "tokens/ref_fwd": tokens}
         row |= {"time/ref_share": row["time/ref_logprob"] / step_time if step_time > 0 else 0.0,
                 "throughput/tokens_per_s": sum(lengths) / step_time,
@@ -198,7 +219,10 @@ class BenchRunCallback(TrainerCallback):
             ks=e.ks,
             n_sample_prompts=prompts_to_write(step, cfg.steps, len(problems), e.n_sample_prompts),
             chunk=e.batch,
+            base_correct=self.base_correct if step > 0 else None,  # coverage classes against the base, as native
         )
+        if step == 0 and len(samples) == len(problems):  # the base evaluation writes every prompt
+            self.base_correct = correct_counts(samples)
         v = {"step": step, **v}
         self.out.validation(v)
         self.out.samples(step, samples)
@@ -212,5 +236,6 @@ class BenchRunCallback(TrainerCallback):
             return
         payload = {"config": config_dict(self.cfg), "step": state.global_step // self.per, "history": self.history,
                    "val_rows": self.val_rows, "resets": self.resets.state_dict(),
-                   "reference": self.resets.reference_state(), "wall_time_s": self.wall()}  # fmt: skip
+                   "reference": self.resets.reference_state(), "wall_time_s": self.wall(),
+                   "base_correct": self.base_correct}  # fmt: skip
         save_verified(ckpt / BENCH_STATE, payload)
