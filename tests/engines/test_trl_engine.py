@@ -289,6 +289,12 @@ def test_trl_run_writes_the_bench_run_directory_and_resumes(tmp_path, model_dir)
                 "count/ref_fwd", "tokens/ref_fwd", "reset"}  # fmt: skip
     assert contract <= set(rows[0])
     assert all(r["count/ref_fwd"] > 0 for r in rows)  # TRL's reference forwards, counted by hooks
+    for r in rows:  # measured around TRL's methods (tests above check their values)
+        for key in ("kl/old", "update_norm", "time/rollout", "time/reward", "time/old_logprob", "time/update"):
+            assert r[key] is not None and r[key] >= 0, key
+        stages = sum(r[f"time/{k}"] for k in ("rollout", "reward", "old_logprob", "ref_logprob", "update", "eval"))
+        assert stages <= r["time/step"]
+        assert r["loss/pg"] is None  # beta > 0: TRL logs the sum only (NaN is written as null)
     assert [r["reset"] for r in rows] == [0, 1, 0, 1]
     events = _rows(run / "events.jsonl")
     resets = [e for e in events if e["event"] == "reset"]
@@ -323,7 +329,9 @@ def test_variant_b_loads_no_reference_model(tmp_path, model_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["mem/reference_mb"] == 0 and summary["objective"] == "trust_region_vs_old"
-    assert all(r["count/ref_fwd"] == 0 for r in _rows(run / "metrics.jsonl"))
+    rows = _rows(run / "metrics.jsonl")
+    assert all(r["count/ref_fwd"] == 0 and r["kl/ref"] is None for r in rows)
+    assert all(r["loss/pg"] == r["loss/total"] for r in rows)  # beta = 0, no entropy term: TRL's loss is pg
 
 
 # --------------------------------------------------------------------------- grids on both engines
@@ -347,6 +355,38 @@ def test_grid_on_both_engines_aggregates_to_the_same_table(tmp_path, model_dir):
         assert (tables[engine]["steps_logged"] == 2).all()
     assert list(tables["trl"].columns) == list(tables["native"].columns)
     assert list(tables["trl"]["group"]) == list(tables["native"]["group"])
+
+
+def _table_shape(path: Path) -> list[str]:
+    """table.md with every cell emptied and the sweep directory dropped: its headings, notes and the
+    number of columns of each table row."""
+    lines = path.read_text().splitlines()
+    return ["|" * line.count("|") if line.startswith("|") else line for line in lines[1:]]
+
+
+@pytest.mark.slow
+def test_ablation_small_on_trl_gives_natives_tables(tmp_path, model_dir):
+    """The main job's grid (A0, A1, B, C) on both engines, reduced to 2 steps and 2 + 2 seeds: every job
+    runs on TRL (none refused), and the aggregate has the same files, columns and rows as native's."""
+    grid = ["+sweep=ablation_small", *_hf(model_dir), *QUICK, "steps=2", "study.blocks.explore='0,1'",
+            "study.blocks.confirm='2,3'", "hydra.callbacks.aggregate.figures=false"]  # fmt: skip
+    agg = {}
+    for engine in ("trl", "native"):
+        proc = _cli("prorl-bench-sweep", [*grid, f"engine={engine}", f"hydra.sweep.dir={tmp_path / engine}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        agg[engine] = tmp_path / engine / "aggregate"
+    runs = pd.read_csv(agg["trl"] / "runs.csv")
+    assert sorted(runs["group"]) == sorted(["A0", "A1", "B", "C"] * 2) and set(runs["status"]) == {"completed"}
+    for name in ("runs.csv", "groups.csv", "comparisons.csv", "seed_plan.csv"):
+        trl, native = (pd.read_csv(agg[e] / name) for e in ("trl", "native"))
+        assert list(trl.columns) == list(native.columns), name
+        assert trl.shape == native.shape, name
+        key = [c for c in ("group", "block", "metric", "seed") if c in trl.columns]
+        if key:
+            assert trl[key].astype(str).values.tolist() == native[key].astype(str).values.tolist(), name
+    shape = {e: _table_shape(agg[e] / "table.md") for e in agg}
+    assert [x.replace("engine=trl", "") for x in shape["trl"]] == [x.replace("engine=native", "") for x in
+                                                                    shape["native"]]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the README's TRL example
