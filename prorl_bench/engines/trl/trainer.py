@@ -11,7 +11,7 @@ Where the KL term's anchor log-probs come from (``ref_source``; one per variant)
   TRL chose (its ``ref_model``, or for PEFT the policy under TRL's ``use_adapter``), and
   ``_generate_and_score_completions`` skips TRL's per-batch pass (``beta`` reads 0 there: that is the
   only place TRL reads it). The reference is frozen, so the values equal A1's: the same trajectory,
-  ``ppo_epochs`` times the reference forwards and tokens (tests/test_trl_engine.py).
+  ``ppo_epochs`` times the reference forwards and tokens (tests/engines/test_trl_engine.py).
 * ``old`` (B with ``beta`` > 0): no reference model exists (TRL is built with ``beta=0``, so it loads
   none); the KL term is taken against pi_old, the policy that generated the batch, as the bench's B
   does: TRL's ``old_per_token_logps`` become the minibatch's ``ref_per_token_logps``. Where TRL
