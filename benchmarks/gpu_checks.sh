@@ -71,9 +71,10 @@ prorl_fast@decode=dynamic,prorl_fast@adamw=foreach,prorl_fast@update_norm=device
 
 run_round() {  # one device call of ~9 min (a session's 15 minutes hold one): tests, speed incl. engine=trl, profile
     run_tests_only
-    stage bench_05b 240 $BENCH --size 0.5b --repeats 1 --sides "${SIDES:-trl,prorl_fast,prorl_trl,$OLD}" \
-        --results "$OUT/bench_05b.json"
-    stage profile_05b 150 $BENCH --size 0.5b --repeats 1 --sides "trl,prorl_fast" --profile \
+    stage bench_05b 220 $BENCH --size 0.5b --repeats 1 --sides "${SIDES:-trl,prorl_fast,prorl_trl,$OLD}" \
+        --results "$OUT/bench_05b.json"  # 2026-11-27 on an H200: 155 s of side processes
+    # 2026-11-27: 150 s stopped this after the TRL side (each profiled side's process took ~90 s)
+    stage profile_05b 200 $BENCH --size 0.5b --repeats 1 --sides "trl,prorl_fast" --profile \
         --results "$OUT/profile_05b.json"
 }
 run_tests_only() {
