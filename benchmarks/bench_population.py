@@ -6,13 +6,17 @@
     python benchmarks/bench_population.py --in-process --sizes 4 8 --steps 10   # one core, no launcher
 
 For each S, interleaved in one invocation: the same multirun of S seeds (``prorl-bench -m seed=0..S-1``)
-through the joblib launcher (2 workers, one torch thread each: S separate runs) and through
-``hydra/launcher=population`` (2 worker processes, populations of ceil(S/2) members, one thread each),
-both with the same warm-up cache (built once first, not timed). Reported: wall seconds of the whole
-command (process start-up, base loading, validation included), runs*steps/s, the ratio, MFU (the runs'
-counted FLOPs / wall / (2 x the measured 1-thread fp32 matmul peak)), the share of each stage in the
-runs' summed stage times, and peak RSS per member (``mem/peak_rss_mb`` of each worker process divided
-by the members it held at once).
+through each ``--arms`` launcher: ``joblib`` (2 workers, one torch thread each: S separate runs),
+``population`` (``hydra/launcher=population hydra.launcher.n_jobs=2`` with its own plan: each worker at
+most ceil(S/2) jobs, as one population) and ``one-population`` (``hydra.launcher.n_jobs=1``: all S seeds
+in one population in one process, the plan the launcher made before issue 37's fix), all with the same
+warm-up cache (built once first, not timed), the arms interleaved with the order alternating per repeat.
+Reported: wall seconds of the whole command (process start-up, base loading, validation, the sweep's
+aggregation included), the ratio to joblib, CPU seconds of the command and all its processes (read
+from /proc while it runs: what the grid cost the machine, far less sensitive to other load than wall),
+runs*steps/s, MFU (the runs' counted FLOPs / wall / (2 x the measured 1-thread fp32 matmul peak)), the
+share of each stage in the runs' summed stage times, and peak RSS per member (``mem/peak_rss_mb`` of
+each worker process divided by the members it held at once).
 
 ``--in-process`` compares, in this one process on one thread, S single runs one after the other
 (``trainer.train``) with one population of S (``run_population``), alternating, without validation:
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -41,17 +44,47 @@ from pathlib import Path
 STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "reset", "eval")
 
 
-def _run(args: list[str], sweep: Path, cache: Path) -> float:
+def _run(args: list[str], sweep: Path, cache: Path) -> tuple[float, float]:
     # the installed entry point, as a user starts it (no PYTHONPATH: the launcher must come from the install)
     cmd = [str(Path(sys.executable).with_name("prorl-bench")), "-m", *args, f"warmup.cache_dir={cache}",
            f"hydra.sweep.dir={sweep}", "hydra.callbacks={}", "progress=false"]  # fmt: skip
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=sweep.parent)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
-    return wall
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True, cwd=sweep.parent)
+        cpu = _tree_cpu_seconds(proc)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{err.read()[-3000:]}")
+    return wall, cpu
+
+
+def _tree_cpu_seconds(proc: subprocess.Popen, every_s: float = 0.2) -> float:
+    """CPU seconds (user + system) of ``proc`` and every process below it, until ``proc`` exits.
+
+    What the grid cost the machine, far less sensitive than wall time to other load. Read from
+    /proc every ``every_s``: the launcher's loky workers are not always reaped by their parent, so
+    getrusage(RUSAGE_CHILDREN) misses them; a process's last ``every_s`` is missed here instead."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: dict[int, float] = {}
+    while proc.poll() is None:
+        stats = {}
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
+        tree, grew = {proc.pid}, True
+        while grew:
+            grown = tree | {pid for pid, (ppid, _) in stats.items() if ppid in tree}
+            grew, tree = grown != tree, grown
+        for pid in tree & stats.keys():
+            seen[pid] = max(seen.get(pid, 0.0), stats[pid][1])
+        time.sleep(every_s)
+    return sum(seen.values())
 
 
 def _collect(sweep: Path, per_process: int) -> dict[str, float]:
@@ -70,6 +103,23 @@ def _collect(sweep: Path, per_process: int) -> dict[str, float]:
             **{f"share/{s}": v / total for s, v in stages.items()}}  # fmt: skip
 
 
+ARMS = {
+    "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+    # the launcher as a user starts it: its own plan (issue 37: each worker at most joblib's share of jobs)
+    "population": ["hydra/launcher=population", "hydra.launcher.n_jobs=2"],
+    # the plan before issue 37's fix, for S <= 16: every seed in one population, in one worker process
+    "one-population": ["hydra/launcher=population", "hydra.launcher.n_jobs=1"],
+}
+
+
+def _members_per_process(sweep: Path) -> int:
+    """Most jobs one worker held at once: its largest population (population_plan.json), else 1."""
+    plan = sweep / "population_plan.json"
+    if not plan.is_file():
+        return 1
+    return max(len(u["jobs"]) for u in json.loads(plan.read_text())["units"])
+
+
 def throughput(
     sizes: list[int],
     models: list[str],
@@ -77,6 +127,7 @@ def throughput(
     extra: list[str],
     repeats: int = 1,
     population_args: tuple[str, ...] = (),
+    arms: tuple[str, ...] = ("joblib", "population"),
 ) -> None:
     import torch
 
@@ -84,9 +135,8 @@ def throughput(
 
     torch.set_num_threads(1)
     peak = measured_matmul_peak(torch.device("cpu"), torch.float32)
-    print(
-        f"1-thread fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; 2 workers; steps={steps}; os.cpu_count={os.cpu_count()}"
-    )
+    print(f"1-thread fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; steps={steps}; os.cpu_count={os.cpu_count()}; "
+          f"load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-pop-") as tmp:
         tmp = Path(tmp)
         cache = tmp / "cache"
@@ -94,49 +144,33 @@ def throughput(
             base = [f"model={model}", f"steps={steps}", *extra]
             _run([*base, "seed=0", "steps=1"], tmp / f"warm-{model}", cache)  # build the warm-up base once
             print(f"\n## model={model}\n")
-            print("| S | joblib s (median) | population s (median) | joblib runs·steps/s | population runs·steps/s | "
-                  "ratio (per repeat) | "
-                  "MFU joblib | MFU pop | RSS/member MB joblib | pop | pop stage shares |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|---|---|---|")
+            print("| S | arm | wall s (median) | wall ratio to joblib (per repeat) | CPU s (median) | "
+                  "runs·steps/s | MFU | RSS/member MB | stage shares |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|")
             for s in sizes:
                 seeds = "seed=" + ",".join(str(i) for i in range(s))
-                size = max(1, math.ceil(s / 2))
-                walls: dict[str, list[float]] = {"joblib": [], "population": []}
+                walls: dict[str, list[float]] = {a: [] for a in arms}
+                cpus: dict[str, list[float]] = {a: [] for a in arms}
                 res = {}
-                for rep in range(repeats):  # interleaved, the order alternating: both arms see the same load
-                    for kind in ("joblib", "population") if (s + rep) % 2 else ("population", "joblib"):
+                for rep in range(repeats):  # interleaved, the order alternating: every arm sees the same load
+                    for kind in arms if rep % 2 == 0 else arms[::-1]:
                         sweep = tmp / f"{model}-{kind}-{s}-{rep}"
-                        launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-                        if kind == "population":
-                            launcher = [
-                                "hydra/launcher=population",
-                                "hydra.launcher.n_jobs=2",
-                                f"hydra.launcher.size={size}",
-                                *population_args,
-                            ]
-                        walls[kind].append(_run([*base, seeds, *launcher], sweep, cache))
-                        res[kind] = _collect(sweep, size if kind == "population" and s > 1 else 1)
-                    print(f"S={s} repeat {rep + 1}: joblib {walls['joblib'][-1]:.1f} s, "
-                          f"population {walls['population'][-1]:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
-                wj, wp = statistics.median(walls["joblib"]), statistics.median(walls["population"])
-                cj, cp = res["joblib"], res["population"]
-                rj, rp = s * steps / wj, s * steps / wp
-                shares = " ".join(f"{k[6:]} {v:.0%}" for k, v in cp.items() if k.startswith("share/") and v >= 0.01)
-                mfu_j, mfu_p = cj["flops"] / wj / (2 * peak), cp["flops"] / wp / (2 * peak)
-                ratios = "/".join(f"{j / p:.2f}" for j, p in zip(walls["joblib"], walls["population"]))
-                cells = [
-                    f"{wj:.1f}",
-                    f"{wp:.1f}",
-                    f"{rj:.2f}",
-                    f"{rp:.2f}",
-                    f"{rp / rj:.2f}× ({ratios})",
-                    f"{mfu_j:.1%}",
-                    f"{mfu_p:.1%}",
-                    f"{cj['rss_per_member_mb']:.0f}",
-                    f"{cp['rss_per_member_mb']:.0f}",
-                    shares,
-                ]
-                print(f"| {s} | " + " | ".join(cells) + " |", flush=True)
+                        launcher = [*ARMS[kind], *(population_args if kind != "joblib" else ())]
+                        wall, cpu = _run([*base, seeds, *launcher], sweep, cache)
+                        walls[kind].append(wall)
+                        cpus[kind].append(cpu)
+                        res[kind] = _collect(sweep, _members_per_process(sweep))
+                    done = ", ".join(f"{a} {walls[a][-1]:.1f} s wall {cpus[a][-1]:.1f} s CPU" for a in arms)
+                    print(f"S={s} repeat {rep + 1}: {done}; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+                for kind in arms:
+                    w, c, r = statistics.median(walls[kind]), statistics.median(cpus[kind]), res[kind]
+                    ratios = "/".join(f"{j / p:.2f}" for j, p in zip(walls["joblib"], walls[kind]))
+                    ratio = statistics.median(walls["joblib"]) / w
+                    shares = " ".join(f"{k[6:]} {v:.0%}" for k, v in r.items() if k.startswith("share/") and v >= 0.01)
+                    mfu = r["flops"] / w / (2 * peak)
+                    cells = [kind, f"{w:.1f}", f"{ratio:.2f}× ({ratios})", f"{c:.1f}", f"{s * steps / w:.2f}",
+                             f"{mfu:.1%}", f"{r['rss_per_member_mb']:.0f}", shares]  # fmt: skip
+                    print(f"| {s} | " + " | ".join(cells) + " |", flush=True)
 
 
 def in_process(sizes: list[int], steps: int, extra: list[str], model: str) -> None:
@@ -271,7 +305,14 @@ def main() -> None:
     ap.add_argument("--designs", action="store_true", help="only the design micro-benchmark")
     ap.add_argument("--in-process", action="store_true", help="singles vs a population in this process")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repetitions per S (medians reported)")
-    ap.add_argument("--population-arg", action="append", default=[], help="extra override for the population arm")
+    ap.add_argument("--population-arg", action="append", default=[], help="extra override for the population arms")
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=["joblib", "population"],
+        choices=sorted(ARMS),
+        help="launcher arms, joblib first (one-population: the plan before issue 37's fix)",
+    )
     ap.add_argument("extra", nargs="*", help="more overrides for every run (e.g. algo.group_size=4)")
     a = ap.parse_args()
     if a.designs:
@@ -282,7 +323,7 @@ def main() -> None:
             print(f"\n## model={model}\n")
             in_process(a.sizes, a.steps, a.extra, model)
         return
-    throughput(a.sizes, a.models, a.steps, a.extra, a.repeats, tuple(a.population_arg))
+    throughput(a.sizes, a.models, a.steps, a.extra, a.repeats, tuple(a.population_arg), tuple(a.arms))
 
 
 if __name__ == "__main__":

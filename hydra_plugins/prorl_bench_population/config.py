@@ -10,7 +10,7 @@ from hydra.core.config_store import ConfigStore
 class PopulationLauncherConf:
     _target_: str = "hydra_plugins.prorl_bench_population.population_launcher.PopulationLauncher"
     size: int = 16  # most members per population (jobs that differ only in seed)
-    n_jobs: int = 2  # populations (and unbatchable jobs) run in this many worker processes at once
+    n_jobs: int = 2  # worker processes (at most the CPUs available), each given at most ceil(jobs / workers) jobs
     dry_run: bool = False  # print which jobs batch into which population, and why the others cannot; run nothing
 
 
