@@ -110,7 +110,8 @@ def test_refusal_fails_fast_from_the_cli(tmp_path, model_dir):
 MB, EPOCHS, RL_STEPS = 2, 2, 2  # minibatches x PPO epochs per RL step (TRL: steps_per_generation, num_iterations)
 
 
-def _bench_trainer(model_dir: Path, tmp: Path, source: str, beta: float = 0.01, mb: int = MB, epochs: int = EPOCHS):
+def _bench_trainer(model_dir: Path, tmp: Path, source: str, beta: float = 0.01, mb: int = MB, epochs: int = EPOCHS,
+                   lora: bool = False):  # fmt: skip
     """TRL's trainer with the bench's reference source, on a reward with spread (the sum of the
     completion's ids mod 5), 2 prompts x 4 samples per RL step, lr high enough to move the policy."""
     from datasets import Dataset
@@ -126,9 +127,14 @@ def _bench_trainer(model_dir: Path, tmp: Path, source: str, beta: float = 0.01, 
         shuffle_dataset=False, seed=0, save_strategy="no", use_bias_correction_kl=False,
     )  # fmt: skip
     prompts = Dataset.from_list([{"prompt": f"[BOS]R{i}{i + 3}="} for i in range(2 * RL_STEPS)])
+    peft = None
+    if lora:
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     return BenchGRPOTrainer(model=str(model_dir), reward_funcs=lambda completion_ids, **_: [
         float(sum(ids) % 5) for ids in completion_ids], args=args, train_dataset=prompts, ref_source=source,
-        kl_beta=beta)  # fmt: skip
+        kl_beta=beta, peft_config=peft)  # fmt: skip
 
 
 def _record(trainer):
@@ -176,6 +182,20 @@ def test_a0_equals_a1_on_trl_with_ppo_epochs_times_the_reference_forwards(tmp_pa
         assert torch.equal(p0, p1), n
     assert ref1.calls == RL_STEPS * MB and ref0.calls == RL_STEPS * MB * EPOCHS
     assert ref0.tokens == EPOCHS * ref1.tokens > 0
+
+
+def test_a0_equals_a1_on_trl_with_a_lora_policy(tmp_path, model_dir):
+    """With PEFT, TRL's reference is the policy with its adapters disabled: A0 recomputes it inside the
+    loss under TRL's own ``use_adapter``, between the policy's forwards, and still trains exactly as A1."""
+    pytest.importorskip("peft")
+    logs = []
+    for source in ("cached", "recompute"):
+        trainer = _bench_trainer(model_dir, tmp_path / source, source, lora=True)
+        assert trainer.ref_model is None
+        logs.append(_train(trainer)[0].logs)
+    keys = ("loss", "kl", "grad_norm", "entropy")
+    assert [[r[k] for k in keys] for r in logs[1]] == [[r[k] for k in keys] for r in logs[0]]
+    assert any(r["kl"] > 0 for r in logs[0])
 
 
 def test_b_anchors_the_kl_at_pi_old_without_a_reference_model(tmp_path, model_dir):
