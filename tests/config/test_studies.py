@@ -62,6 +62,31 @@ def test_the_confirm_block_is_the_same_grid_on_disjoint_seeds(name):
     assert to_config(_compose(list(job))).study.block == "confirm"
 
 
+# The cross-engine study's design (docs/engines.md, "Cross-engine evidence"): 10 seeds per block, and
+# neither block reuses the seeds that sized it (the 2-seed pilot) or the earlier 2-seed run's.
+XENGINE_EXCLUDED = {900, 901, 0, 1, 16, 17}
+
+
+def test_the_cross_engine_study_is_the_same_grid_on_both_engines(tiny_hf_dir):
+    path = f"model.path={tiny_hf_dir}"
+
+    def jobs(engine, block):
+        return plan_jobs(["+sweep=adam_step_hazard_xengine", path, f"engine={engine}", f"study.block={block}"])
+
+    def seeds(js):
+        return {int(o.split("=")[1]) for j in js for o in j if o.startswith("seed=")}
+
+    for block in ("explore", "confirm"):
+        native, trl = jobs("native", block), jobs("trl", block)
+        assert len(native) == len(trl) == 4 * 10 and len(seeds(native)) == 10
+        strip = [[o for o in j if not o.startswith("engine=")] for j in trl]
+        assert strip == [[o for o in j if not o.startswith("engine=")] for j in native]  # only engine= differs
+        assert not seeds(native) & XENGINE_EXCLUDED
+        for job in (native[0], trl[0]):
+            assert to_config(_compose(list(job))).study.block == block  # every job validates
+    assert not seeds(jobs("native", "explore")) & seeds(jobs("native", "confirm"))
+
+
 def test_a_study_without_a_primary_endpoint_is_refused():
     with pytest.raises(ConfigError, match="study.primary is empty"):
         study_from_dict({**GOOD, "primary": []})
