@@ -79,8 +79,32 @@ def collect(root: Path, figures: bool = False) -> pd.DataFrame:
         res = aggregate([dirs[b] for b in REQUIRED_BLOCKS if b in dirs], out_dir=stratum / "aggregate", figures=figures)
         if res.study is None:
             raise SweepDirError(f"{stratum}: no declared study (or its baseline is missing): a map needs verdicts")
-        parts.append(stratum_cells(stratum.name, res.comparisons))
+        _refuse_unfinished(stratum, dirs, res.runs)
+        cells = stratum_cells(stratum.name, res.comparisons)
+        if cells.empty:
+            found = sorted(map(str, dirs.values()))
+            raise SweepDirError(f"{stratum}: no primary cells in {found}: a map needs verdicts")
+        parts.append(cells)
     return pd.concat(parts, ignore_index=True)
+
+
+UNFINISHED = ("incomplete", "missing", "preempted")  # a sweep still running or stopped: its verdicts would change
+
+
+def _refuse_unfinished(stratum: Path, dirs: dict[str, Path], runs: pd.DataFrame) -> None:
+    """A stratum whose newest sweeps still have runs to finish is refused, naming them: leaving it out, or
+    drawing verdicts from its finished seeds alone, would present a partial map as the map. Failed runs
+    are a finished outcome (counted by the aggregator's n) and pass."""
+    if runs.empty or "status" not in runs:
+        return
+    counts = runs["status"].value_counts()
+    open_ = {s: int(counts[s]) for s in UNFINISHED if s in counts}
+    if open_:
+        said = ", ".join(f"{n} {s}" for s, n in open_.items())
+        raise SweepDirError(
+            f"{stratum}: {said} of {len(runs)} runs in {sorted(map(str, dirs.values()))} (a sweep still running or "
+            "stopped): finish it (prorl-bench-sweep --resume DIR) or move it out of the root before drawing the map"
+        )
 
 
 def map_markdown(cells: pd.DataFrame) -> str:

@@ -63,3 +63,19 @@ def test_verdict_words_follow_the_direction():
     assert verdict_word("different", -0.1, "lower") == "better"
     assert verdict_word("equivalent", 0.01, "higher") == "equivalent"
     assert verdict_word("", 0.0, "higher") == "undecided"
+
+
+def test_a_stratum_still_running_is_refused_not_left_out(tmp_path):
+    """A stratum whose sweep has runs without a final status is named and the map exits 2: leaving it
+    out (the map once printed the finished strata only and exited 0) presents a partial map as the map."""
+    root = tmp_path / "reset_map"
+    harm = {"keep": lambda s: 0.0, "hard": lambda s: -0.1}
+    _block(root / "lr0.001" / "explore" / "2026-01-01_00-00-00", range(8), harm, "explore")
+    running = root / "lr0.0003" / "explore" / "2026-01-01_00-00-00"
+    _block(running, range(8), harm, "explore")
+    for summary in sorted(running.glob("*/summary.json"))[:3]:
+        summary.unlink()  # three runs still training: no summary yet
+    out = subprocess.run([MAP, str(root)], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout
+    assert "lr0.0003" in out.stderr and "3 incomplete of 16 runs" in out.stderr and "--resume" in out.stderr
+    assert not (root / "map.csv").exists()
