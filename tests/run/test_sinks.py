@@ -112,11 +112,24 @@ def test_wandb_offline_sink_writes_a_local_run(tmp_path, monkeypatch):
     run_dir = _train(tmp_path, ["tracking.wandb=true"])
     (offline,) = list((run_dir / "wandb").glob("offline-run-*"))
     (log,) = list(offline.glob("run-*.wandb"))
-    data = log.read_bytes()  # W&B's protobuf record log; `wandb sync` uploads it later
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # W&B's record log (protobuf; `wandb sync` uploads it later) is written by its own service process,
+    # which under load was seen to lag `run.finish()` (the file held its header only, twice in CI): wait
+    # for the last step's record to appear, with a hang guard only
+    data = _wait_for(log, json.dumps(rows[-1]["loss/total"]).encode(), guard_s=120)
     assert data.count(b"reward/mean") >= len(rows)  # a history record per RL step (+ summaries)
     assert b"events/start" in data and b"kl_estimator" in data  # events and the run's config
     assert json.dumps(rows[-1]["loss/total"]).encode() in data
+
+
+def _wait_for(path: Path, needle: bytes, guard_s: float) -> bytes:
+    """``path``'s bytes once they contain ``needle`` (polled; ``guard_s`` only stops a hang)."""
+    import time
+
+    start = time.monotonic()
+    while needle not in (data := path.read_bytes()) and time.monotonic() - start < guard_s:
+        time.sleep(0.2)
+    return data
 
 
 def _jsonl(path: Path) -> list[dict]:
