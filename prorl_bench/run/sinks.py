@@ -90,6 +90,10 @@ class WandbSink:
 
     def close(self) -> None:
         self.run.finish()
+        # W&B writes the offline record log in its own service process, which was seen (twice in CI, under
+        # load) to lag finish(): the .wandb file held its header only. Shutting the service down waits
+        # for it to flush and exit; the next run's wandb.init starts a fresh one.
+        self.wandb.teardown()
 
 
 class TeeWriter(RunWriter):
