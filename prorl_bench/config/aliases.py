@@ -132,12 +132,24 @@ def _epsilon(other: str) -> Convert:
 
 
 def _trl_beta(v: str, g: Given) -> tuple[list[str], str]:
-    note = "TRL's beta weights the same KL as algo.beta here: k3, in the loss (the default kl_estimator)"
+    note = (
+        "TRL's beta weights the same KL as algo.beta here: k3, in the loss (the default kl_estimator); TRL 1.16 "
+        "also weights it by pi_theta/pi_old unless use_bias_correction_kl=false: kl_estimator.importance_weight=true"
+    )
     if _num(v) == 0:
         note += "; TRL's beta=0 also skips the reference model: that is variant=B here"
     else:
         note += f"; TRL's default is 0.0, the bench's {_default('algo.beta')}"
     return [f"algo.beta={v}"], note
+
+
+def _trl_bias_correction_kl(v: str, g: Given) -> tuple[list[str], str]:
+    b = _bool(v)
+    if b is None:
+        return [], f"expected true or false, got {v!r}"
+    return [f"kl_estimator.importance_weight={str(b).lower()}"], (
+        "k3 in the loss only; TRL's default is true, the bench's false (k3 itself, as verl's low_var_kl)"
+    )
 
 
 def _verl_kl_ctrl_coef(v: str, g: Given) -> tuple[list[str], str]:
@@ -337,6 +349,7 @@ TRL: list[Alias] = [
     Alias("TRL", "num_generations", "algo.group_size"),
     Alias("TRL", "max_completion_length", "algo.max_new_tokens"),
     Alias("TRL", "beta", convert=_trl_beta),
+    Alias("TRL", "use_bias_correction_kl", convert=_trl_bias_correction_kl),
     Alias("TRL", "epsilon", convert=_epsilon("epsilon_high")),
     Alias("TRL", "epsilon_high", "algo.eps_high"),
     Alias("TRL", "num_iterations", "algo.ppo_epochs"),

@@ -29,6 +29,9 @@ def _unknown_keys(node: Any, schema: Any, prefix: str = "") -> list[str]:
             if not (prefix == "" and key in GRID_KEYS):
                 bad.append(path)
             continue
+        if key == PARAMS:
+            continue  # an option's parameters: checked against the *selected* option (_unknown_params), not
+            # the schema default's option (k3's K3Params would call k2's k2_mode unknown)
         bad += _unknown_keys(node._get_node(key), getattr(schema, key), f"{path}.")
     return bad
 
@@ -83,6 +86,16 @@ def _unknown_params(cfg: DictConfig) -> list[str]:
     return bad
 
 
+def _schema() -> DictConfig:
+    """The structured schema with every option section's ``params`` untyped: the default option's
+    parameter class (k3's ``K3Params``) must not type the parameters of the option a config selects
+    (k2's ``k2_mode``); those are checked against the selected option by each section."""
+    base = OmegaConf.structured(Config)
+    for section in SECTIONS:
+        base[section][PARAMS] = None
+    return base
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Validate a composed config and return typed dataclasses (raises ConfigError).
 
@@ -101,7 +114,7 @@ def to_config(cfg: DictConfig) -> Config:
             + " (see `prorl-bench --cfg job` for every key)"
         )
     try:
-        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), split))
+        obj = OmegaConf.to_object(OmegaConf.merge(_schema(), split))
     except ConfigError:
         raise
     except Exception as e:  # OmegaConf validation (type, enum, missing key)

@@ -7,6 +7,12 @@ Tokens are sampled from pi_theta. With l = logp_theta - logp_ref and r = exp(-l)
 * k2 = 1/2 l^2           biased value, low variance; its on-policy gradient equals grad KL(theta||ref).
 * k3 = (r - 1) - log r   unbiased and >= 0 ("low_var_kl" of GRPO/TRL/verl); as a loss its gradient
                          is the forward-KL gradient (biased for the reverse KL).
+* w * k3, w = pi_theta/pi_old (``kl_estimator.importance_weight=true``, k3 in the loss only): TRL's
+                         ``use_bias_correction_kl`` (its default since 0.2x), OpenRLHF's off-policy KL,
+                         DeepSeek-V3.2 (arXiv 2512.02556). Tokens are drawn from pi_old, so
+                         E_old[w k3] = KL(theta||ref) exactly, and because w is *not* detached its gradient
+                         is the reverse-KL gradient -- also on-policy, where w = 1 but grad w != 0
+                         (tests/rl/test_kl.py checks both by enumerating a vocabulary).
 
 Clamps, k3 only (as verl's ``kl_penalty``: it clamps ``low_var_kl`` and nothing else): the
 log-ratio to +-``log_ratio_clamp`` (20) before the exp, and the per-token value to +-``kl_clamp``
@@ -78,8 +84,28 @@ def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0, params: 
     return 0.5 * (logp - logp_ref).square()
 
 
-@KL_ESTIMATORS.register("k3", reward_only=False, clamped=True)
-def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
+@dataclass
+class K3Params:
+    # False: k3 itself (verl's low_var_kl, GRPO). True: k3 x pi_theta/pi_old with the ratio differentiable
+    # (TRL's use_bias_correction_kl, OpenRLHF's off-policy KL); placement=loss only
+    importance_weight: bool = False
+
+
+def _check_k3(cfg: Any) -> None:
+    k = cfg.kl_estimator
+    require(
+        not (k.params.importance_weight and k.placement == KLPlacement.reward),
+        "kl_estimator.importance_weight",
+        k.params.importance_weight,
+        "false with placement=reward (the reward's KL is taken at pi_old itself, where the weight "
+        "pi_theta/pi_old is 1 and has no gradient: the option would change nothing)",
+    )
+
+
+@KL_ESTIMATORS.register("k3", reward_only=False, clamped=True, params=K3Params, check=_check_k3)
+def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0, params: K3Params | None = None) -> torch.Tensor:
+    """``params.importance_weight`` is applied by ``KLEstimator`` (it needs pi_old's log-probs), after
+    the value clamp: the clamp bounds k3, the weight is the sampling correction."""
     neg = -log_ratio(logp, logp_ref, clamp)  # log r
     return torch.expm1(neg) - neg
 
@@ -95,15 +121,30 @@ class KLEstimator:
         self.log_ratio_clamp = log_ratio_clamp
         self.kl_clamp = kl_clamp if self.fn.meta.get("clamped") else None
         self._reward_form = self.fn.meta.get("reward_form")
+        self.importance_weighted = bool(getattr(self.fn.params, "importance_weight", False))
 
-    def __call__(self, logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, logp: torch.Tensor, logp_ref: torch.Tensor, logp_old: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per-token values; ``logp_old``: the log-probs of the policy that sampled the tokens, required
+        by an importance-weighted estimator (value x exp(logp - logp_old), the log-ratio clamped to
+        +-log_ratio_clamp as the surrogate's) and ignored otherwise."""
         value = self.fn(logp, logp_ref, self.log_ratio_clamp)
-        return value if self.kl_clamp is None else value.clamp(-self.kl_clamp, self.kl_clamp)
+        value = value if self.kl_clamp is None else value.clamp(-self.kl_clamp, self.kl_clamp)
+        if not self.importance_weighted:
+            return value
+        if logp_old is None:
+            raise ValueError(
+                f"KL estimator {self.name} with importance_weight=true needs the sampling policy's log-probs "
+                "(logp_old): without them the weight pi_theta/pi_old cannot be formed"
+            )
+        return value * torch.exp(log_ratio(logp, logp_old, self.log_ratio_clamp))
 
     def reward(self, logp_old: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-        """The estimator's own ``reward_form`` if it registered one and it applies, else the estimator."""
+        """The estimator's own ``reward_form`` if it registered one and it applies, else the estimator
+        (taken at pi_old, which sampled the tokens: an importance weight is 1 there)."""
         value = None if self._reward_form is None else self._reward_form(self.fn.params, logp_ref, logp_old)
-        return self(logp_old, logp_ref) if value is None else value
+        return self(logp_old, logp_ref, logp_old) if value is None else value
 
 
 def build_kl(k: Any) -> KLEstimator:

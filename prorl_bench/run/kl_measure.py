@@ -36,12 +36,13 @@ def mean_kl(
     ``estimator``: the run's bound estimator (``KLEstimator``, built once from the ``kl_estimator``
     group by ``kl.build_kl``: its name, clamps and params), a registered estimator's name (``"k1"``,
     ``"k3"``: ``named_kl``), or ``K2_REF_OVER_OLD`` (``logp`` is pi_old's, ``logp_other`` the
-    reference's)."""
+    reference's). ``logp`` is the policy that sampled the tokens: a measurement, not a loss, so an
+    importance-weighted estimator's weight pi/pi_old is 1 here."""
     if isinstance(estimator, str):
         bound = named_kl(estimator)
         per_token = bound.reward(logp, logp_other) if estimator == K2_REF_OVER_OLD else bound(logp, logp_other)
     elif isinstance(estimator, KLEstimator):
-        per_token = estimator(logp, logp_other)
+        per_token = estimator(logp, logp_other, logp)  # pi sampled the tokens: an importance weight is 1
     else:
         raise TypeError(
             f"mean_kl takes a KLEstimator (kl.build_kl) or an estimator's name, got {type(estimator).__name__}"

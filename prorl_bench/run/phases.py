@@ -213,7 +213,9 @@ def minibatch_loss(
     pg, clipped = surrogate(adv.adv[idx])
     kl_loss = torch.zeros((), device=ctx.device)
     if ctx.kl_in_loss:  # B has no reference: its trust region is the KL to pi_old
-        kl_loss = aggregate(ctx.kl(logp, s.ref.anchor(logp_ref, old)), mask, a.loss_agg, ctx.loss_norm_len)
+        # old: pi_old sampled these tokens (an importance-weighted estimator needs it; others ignore it)
+        kl_tok = ctx.kl(logp, s.ref.anchor(logp_ref, old), old)
+        kl_loss = aggregate(kl_tok, mask, a.loss_agg, ctx.loss_norm_len)
     ent = aggregate(entropy, mask, a.loss_agg, ctx.loss_norm_len)
     loss = pg + beta * kl_loss - a.entropy_coef * ent
     loss_retain = ctx.router.retain_loss(loss, pg, surrogate, adv.adv_retain, idx)  # split routing, else None

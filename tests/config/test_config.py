@@ -10,6 +10,7 @@ from hydra.errors import ConfigCompositionException
 
 from prorl_bench.cli.app import CONF_DIR
 from prorl_bench.config import ConfigError
+from prorl_bench.rl.kl import KLEstimator
 from tests.conftest import compose_cfg, make_config
 
 GROUPS = sorted(p.name for p in Path(CONF_DIR).iterdir() if p.is_dir())
@@ -119,6 +120,19 @@ def test_k2_ref_over_old_is_never_a_differentiable_penalty():
         make_config(["kl_estimator=k2", "kl_estimator.k2_mode=ref_over_old"])
     cfg = make_config(["kl_estimator=k2", "kl_estimator.k2_mode=ref_over_old", "kl_estimator.placement=reward"])
     assert cfg.kl_estimator.placement.value == "reward"
+
+
+def test_importance_weighted_k3_is_a_loss_option_of_k3_only():
+    """The weight pi_theta/pi_old is 1 in the reward (taken at pi_old): refused there, naming the key;
+    k1/k2 have no such parameter: like another option's key on any axis (reset.every on reset=none),
+    it does not reach them (a grid over estimators may carry it); k3 in the loss takes it."""
+    with pytest.raises(ConfigError, match=r"kl_estimator\.importance_weight"):
+        make_config(["kl_estimator.importance_weight=true", "kl_estimator.placement=reward"])
+    k2 = make_config(["kl_estimator=k2", "kl_estimator.importance_weight=true"]).kl_estimator
+    assert not hasattr(k2.params, "importance_weight")
+    assert not KLEstimator("k2", k2.params).importance_weighted
+    assert make_config(["kl_estimator.importance_weight=true"]).kl_estimator.params.importance_weight is True
+    assert make_config([]).kl_estimator.params.importance_weight is False
 
 
 def _cli(*args, cwd):

@@ -62,7 +62,7 @@ def test_every_bench_key_maps_or_is_refused():
 
 def test_docs_table_is_generated_from_the_rules():
     text = (ROOT / "docs" / "engines.md").read_text()
-    assert config_map.render_table() in text, "docs/engines.md is stale: python -m prorl_bench.engines.trl.docs"
+    assert config_map.render_table() in text, "docs/engines.md is stale: python -m prorl_bench.engines.trl.config_map"
 
 
 @pytest.mark.parametrize(
@@ -92,6 +92,17 @@ def test_what_trl_can_express_is_accepted(model_dir):
         cfg = to_config(compose_cfg(base + extra))
         assert config_map.refusals(cfg) == []
     assert cfg.algo.adv_eps == config_map.TRL_ADV_EPS  # engine=trl states TRL's hard-coded epsilon
+
+
+def test_importance_weight_maps_to_trls_bias_corrected_kl(model_dir, tmp_path):
+    """kl_estimator.importance_weight is TRL's use_bias_correction_kl (TRL 1.16's default True; the bench's
+    False): the same term on both engines."""
+    from prorl_bench.engines.trl.build import grpo_args
+
+    for flag in (False, True):
+        cfg = to_config(compose_cfg(["engine=trl", *_hf(model_dir), f"kl_estimator.importance_weight={flag}"]))
+        assert config_map.refusals(cfg) == []
+        assert grpo_args(cfg, tmp_path / str(flag), completion_budget=8).use_bias_correction_kl is flag
 
 
 def test_refusal_fails_fast_from_the_cli(tmp_path, model_dir):

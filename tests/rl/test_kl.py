@@ -1,8 +1,9 @@
 """KL estimators against closed forms on small categorical distributions (exact expectations)."""
 
+import pytest
 import torch
 
-from prorl_bench.rl.kl import KLEstimator, k1, k2, k2_ref_over_old, k3
+from prorl_bench.rl.kl import K3Params, KLEstimator, k1, k2, k2_ref_over_old, k3
 
 
 def _dists(seed=0, n=7):
@@ -90,3 +91,54 @@ def test_the_kl_gradient_survives_on_the_tokens_that_drifted_furthest():
     logp = torch.tensor([-2.6, 10.9], requires_grad=True)
     KLEstimator("k3")(logp, torch.zeros(2)).sum().backward()
     assert (logp.grad.abs() > 0.5).all()
+
+
+# -- k3 x pi_theta/pi_old (kl_estimator.importance_weight=true: TRL's use_bias_correction_kl) --------
+
+
+def _iw_k3():
+    return KLEstimator("k3", K3Params(importance_weight=True))
+
+
+def test_importance_weighted_k3_off_policy_is_unbiased_for_kl_and_its_gradient_is_the_reverse_kl_gradient():
+    """Tokens drawn from pi_old != pi_theta (a later PPO epoch): E_old[w k3] = KL(theta || ref) exactly,
+    and its gradient is grad KL(theta || ref); plain k3 is biased off-policy (value and gradient)."""
+    theta, logq = _dists(3)
+    logp = torch.log_softmax(theta, -1)
+    logp_old = torch.log_softmax(torch.randn(7, generator=torch.Generator().manual_seed(9), dtype=torch.float64), -1)
+    p_old = logp_old.exp()
+    kl = (logp.exp() * (logp - logq)).sum()
+    (grad_kl,) = torch.autograd.grad(kl, theta, retain_graph=True)
+    value = _expect(p_old, _iw_k3()(logp, logq, logp_old))
+    torch.testing.assert_close(value, kl)
+    (grad_iw,) = torch.autograd.grad(value, theta, retain_graph=True)
+    torch.testing.assert_close(grad_iw, grad_kl)
+    plain = _expect(p_old, KLEstimator("k3")(logp, logq, logp_old))  # the weight is off by default
+    assert not torch.isclose(plain, kl)
+
+
+def test_importance_weighted_k3_on_policy_keeps_k3s_value_but_takes_the_reverse_kl_gradient():
+    """At pi_old = pi_theta the weight's value is exactly 1 (same per-token values as k3), but it is
+    differentiable: the expected gradient becomes the reverse-KL gradient, not k3's forward-KL one."""
+    theta, logq = _dists(4)
+    logp = torch.log_softmax(theta, -1)
+    old = logp.detach()
+    per_token = _iw_k3()(logp, logq, old)
+    torch.testing.assert_close(per_token, k3(logp, logq))
+    kl = (logp.exp() * (logp - logq)).sum()
+    fwd_kl = (logq.exp() * (logq - logp)).sum()
+    (grad_kl,) = torch.autograd.grad(kl, theta, retain_graph=True)
+    (grad_fwd,) = torch.autograd.grad(fwd_kl, theta, retain_graph=True)
+    (grad_iw,) = torch.autograd.grad(_expect(old.exp(), per_token), theta)
+    torch.testing.assert_close(grad_iw, grad_kl)
+    assert not torch.allclose(grad_iw, grad_fwd)  # the two estimators' gradients really differ here
+
+
+def test_importance_weighted_k3_refuses_to_run_without_pi_old_and_plain_k3_ignores_it():
+    logp = torch.log_softmax(torch.randn(5), -1)
+    logq = torch.log_softmax(torch.randn(5), -1)
+    with pytest.raises(ValueError, match="logp_old"):
+        _iw_k3()(logp, logq)
+    torch.testing.assert_close(KLEstimator("k3")(logp, logq, logq), KLEstimator("k3")(logp, logq))
+    # the reward placement takes the estimator at pi_old itself: weight 1, the same values as k3
+    torch.testing.assert_close(_iw_k3().reward(logp, logq), KLEstimator("k3").reward(logp, logq))

@@ -111,6 +111,18 @@ def test_algorithm_knobs_run(run_exp, knobs):
     json.loads((d / "summary.json").read_text())
 
 
+def test_importance_weighted_k3_changes_the_update_not_the_first_rollout(run_exp):
+    """kl_estimator.importance_weight=true: step 1's rollout is the same policy's (same rewards), its
+    update is not (the weight's gradient), so the policies (their KL to the base) part from step 2 on. The run's KL
+    measurements stay on-policy values (no weight), so step 1's kl/ref is the same in both runs."""
+    _, plain = run_exp(["algo.beta=0.5"], name="k3")
+    _, iw = run_exp(["algo.beta=0.5", "kl_estimator.importance_weight=true"], name="k3iw")
+    a, b = _metrics(plain), _metrics(iw)
+    assert a[0]["reward/mean"] == b[0]["reward/mean"] and a[0]["kl/ref"] == b[0]["kl/ref"]
+    assert a[0]["loss/total"] != b[0]["loss/total"] or a[0]["grad_norm"] != b[0]["grad_norm"]
+    assert any(x["kl/ref"] != y["kl/ref"] for x, y in zip(a[1:], b[1:]))  # the policies parted
+
+
 def test_nan_loss_fails_naming_stage_and_tensor(run_exp, monkeypatch):
     import prorl_bench.run.phases as phases
 

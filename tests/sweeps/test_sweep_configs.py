@@ -89,7 +89,8 @@ def test_kl_grid_pairs_are_valid_and_distinct():
     seen = set()
     for name in names:
         conf = _validate(["+sweep=kl_estimator", f"+kl_setup={name}"])
-        pair = (conf.kl_estimator.name, conf.kl_estimator.placement.value)
+        weighted = bool(getattr(conf.kl_estimator.params, "importance_weight", False))
+        pair = (conf.kl_estimator.name + ("iw" if weighted else ""), conf.kl_estimator.placement.value)
         assert f"{pair[0]}_{pair[1]}" == name
         seen.add(pair)
-    assert ("k1", "reward") in seen and ("k1", "loss") not in seen and len(seen) == 5
+    assert ("k1", "reward") in seen and ("k1", "loss") not in seen and ("k3iw", "loss") in seen and len(seen) == 6

@@ -56,7 +56,8 @@ def grpo_args(cfg: Config, output_dir: Path, completion_budget: int, processes: 
         top_p=a.top_p,
         top_k=a.top_k,
         beta=0.0 if ref_source(cfg) == "old" else a.beta,  # B: no reference model; the trainer anchors at pi_old
-        use_bias_correction_kl=False,  # the bench's KL term is k3 itself (TRL 1.16's default weights it by the ratio)
+        # k3 itself, or k3 x pi_theta/pi_old with kl_estimator.importance_weight=true (TRL 1.16's default is True)
+        use_bias_correction_kl=bool(getattr(cfg.kl_estimator.params, "importance_weight", False)),
         epsilon=a.eps_low,
         epsilon_high=a.eps_high,
         loss_type=LOSS_TYPES[a.loss_agg],

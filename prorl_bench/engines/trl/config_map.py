@@ -183,8 +183,8 @@ RULES: tuple[Rule, ...] = (
     Rule("variant.params", "n/a (recompute / cached / none take no parameters)"),
     Rule(
         "kl_estimator.name",
-        "k3 in the loss: TRL's `per_token_kl`, `use_bias_correction_kl=False` (TRL 1.16's default multiplies it "
-        "by the ratio pi_theta / pi_old; the bench's term is k3 itself)",
+        "k3 in the loss: TRL's `per_token_kl`; `kl_estimator.importance_weight` is TRL's `use_bias_correction_kl` "
+        "(false here by default, true in TRL 1.16: the term multiplied by the ratio pi_theta / pi_old)",
         lambda c: (
             None
             if c.kl_estimator.name == "k3"
@@ -201,7 +201,10 @@ RULES: tuple[Rule, ...] = (
         ),
         "reward",
     ),
-    Rule("kl_estimator.params", "n/a (k3 takes no parameters; k2's k2_mode is not expressible)"),
+    Rule(
+        "kl_estimator.params.importance_weight",
+        "TRL's `use_bias_correction_kl` (k3's only parameter; k2 and its k2_mode are refused with k2)",
+    ),
     Rule("kl_estimator.log_ratio_clamp", "not applied: TRL clamps no log-ratio (equal while |log-ratio| < 20)"),
     Rule("kl_estimator.kl_clamp", "not applied: TRL does not clamp k3 (equal while k3 < 10 per token)"),
     Rule(
