@@ -15,6 +15,7 @@ verdict (``stats.replication``). A stratum with one block only is shown, marked 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,22 +128,43 @@ def map_markdown(cells: pd.DataFrame) -> str:
     return markdown_table(["stratum", "arm", "endpoint", "explore", "confirm", "replication"], rows)
 
 
-def map_figure(cells: pd.DataFrame, margin: float | None, path: Path, title: str) -> Path:
-    """Δ vs baseline per stratum (x) and arm (offset), explore (circle) and confirm (square) with their
-    95% t intervals, coloured by verdict; filled = replicated, hollow = not (or one block); ±margin shaded."""
-    import matplotlib
+def _split_name(stratum: str) -> list[tuple[str, float | None, str]]:
+    """``lr0.001_every10_d64`` -> [("lr", 0.001, "lr0.001"), ("every", 10.0, "every10"), ("d", 64.0, "d64")]:
+    each ``_``-separated token's letters, its number (None if it has none) and the token."""
+    out: list[tuple[str, float | None, str]] = []
+    for tok in stratum.split("_"):
+        m = re.fullmatch(r"([A-Za-z]*)(.*)", tok)
+        head, rest = (m.group(1), m.group(2)) if m else (tok, "")
+        try:
+            out.append((head, float(rest), tok))
+        except ValueError:
+            out.append((tok, None, tok))
+    return out
 
-    matplotlib.use("agg")
-    import matplotlib.pyplot as plt
 
-    strata = list(dict.fromkeys(cells["stratum"]))
-    arms = list(dict.fromkeys(cells["group"]))
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.2 * len(strata) + 3), 4.8), constrained_layout=True)
-    if margin is not None:
-        ax.axhspan(-margin, margin, color="#d6eaf8", alpha=0.6, lw=0, label=f"±{fmt_value(margin)} (margin)")
-    ax.axhline(0, color="black", lw=0.8)
+def strata_layout(strata: Sequence[str]) -> dict[str, tuple[int, int, int]] | None:
+    """Panels for strata named as the study's sweep directory names them (``lr<x>_every<y>_d<z>``): the
+    first token is the x axis inside a panel, the second the panel column, the rest the panel row, each
+    ordered by its number. None when the names do not share one token pattern (one row is drawn then)."""
+    parsed = {s: _split_name(s) for s in strata}
+    shapes = {tuple(h for h, _, _ in p) for p in parsed.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) < 2:
+        return None
+
+    def order(values: set[tuple]) -> list[tuple]:
+        return sorted(values, key=lambda v: tuple((n is None, n if n is not None else 0.0, t) for _, n, t in v))
+
+    xs = order({(p[0],) for p in parsed.values()})
+    cols = order({(p[1],) for p in parsed.values()})
+    rows = order({tuple(p[2:]) for p in parsed.values()})
+    return {s: (rows.index(tuple(p[2:])), cols.index((p[1],)), xs.index((p[0],))) for s, p in parsed.items()}
+
+
+def _draw_cells(ax, cells: pd.DataFrame, strata: list[str], slots: list[int], arms: list[str], n_x: int) -> None:
+    """Each stratum at its x slot, its arms side by side, explore (circle) and confirm (square) with their
+    intervals, coloured by verdict, filled when replicated."""
     width = 0.8 / max(1, len(arms))
-    for i, stratum in enumerate(strata):
+    for stratum, i in zip(strata, slots):
         for j, arm in enumerate(arms):
             for b, (block, marker) in enumerate(zip(REQUIRED_BLOCKS, ("o", "s"))):
                 c = cells[(cells["stratum"] == stratum) & (cells["group"] == arm) & (cells["block"] == block)]
@@ -153,25 +175,68 @@ def map_figure(cells: pd.DataFrame, margin: float | None, path: Path, title: str
                 colour = VERDICT_COLOURS[verdict_word(r["verdict"], r["diff"], r["direction"])]
                 filled = str(r["replication"]).startswith("replicated")
                 ax.errorbar(x, r["diff"], yerr=[[r["diff"] - r["lo"]], [r["hi"] - r["diff"]]], color=colour, lw=1.2)
-                ax.plot(x, r["diff"], marker=marker, ms=7, color=colour, mfc=colour if filled else "white", mew=1.5)
-    ticks = [(i - 0.4 + width * (j + 0.5), arm) for i in range(len(strata)) for j, arm in enumerate(arms)]
-    ax.set_xticks([t for t, _ in ticks], [a for _, a in ticks], fontsize=8)
-    for i, stratum in enumerate(strata):  # the stratum under its arms
-        ax.annotate(stratum, (i, 0), xycoords=("data", "axes fraction"), xytext=(0, -26),
-                    textcoords="offset points", ha="center", va="top", fontsize=9, weight="bold")  # fmt: skip
-        if i:
-            ax.axvline(i - 0.5, color="grey", lw=0.5)
-    ax.set_ylabel(f"Δ {cells['metric'].iloc[0]} vs baseline (95% t interval)")
-    ax.set_title(title, fontsize=10)
+                ax.plot(x, r["diff"], marker=marker, ms=6, color=colour, mfc=colour if filled else "white", mew=1.4)
+    ticks = [(i - 0.4 + width * (j + 0.5), arm) for i in sorted(set(slots)) for j, arm in enumerate(arms)]
+    ax.set_xticks([t for t, _ in ticks], [a for _, a in ticks], fontsize=7, rotation=90)
+    for i in range(1, n_x):
+        ax.axvline(i - 0.5, color="grey", lw=0.5)
+    ax.axhline(0, color="black", lw=0.8)
+
+
+def map_figure(cells: pd.DataFrame, margin: float | None, path: Path, title: str) -> Path:
+    """Δ vs baseline per stratum and arm, explore (circle) and confirm (square) with their 95% t
+    intervals, coloured by verdict; filled = replicated, hollow = not (or one block); ±margin shaded.
+    Strata named by one token pattern (``lr<x>_every<y>_d<z>``) are drawn as a grid of panels (rows: the
+    third token on, columns: the second, x inside a panel: the first); other names in one row."""
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    strata = list(dict.fromkeys(cells["stratum"]))
+    arms = list(dict.fromkeys(cells["group"]))
+    layout = strata_layout(strata) or {s: (0, 0, i) for i, s in enumerate(strata)}
+    n_rows = 1 + max(r for r, _, _ in layout.values())
+    n_cols = 1 + max(c for _, c, _ in layout.values())
+    n_x = 1 + max(x for _, _, x in layout.values())
+    width_in = max(7.0, n_cols * (1.1 * n_x * len(arms) / 3 + 1.2) + 1.6)  # ~1.1 in per stratum of 3 arms
+    fig, axes = plt.subplots(
+        n_rows, n_cols, squeeze=False, sharey=True, constrained_layout=True, figsize=(width_in, 3.4 * n_rows + 0.6)
+    )
+    for r in range(n_rows):
+        for c in range(n_cols):
+            ax = axes[r][c]
+            here = [s for s, (rr, cc, _) in layout.items() if (rr, cc) == (r, c)]
+            if margin is not None:
+                ax.axhspan(-margin, margin, color="#d6eaf8", alpha=0.6, lw=0)
+            if not here:  # a cell of the grid with no stratum: said, not left blank
+                ax.set_xticks([])
+                ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", va="center", color="grey")
+                continue
+            slots = [layout[s][2] for s in here]
+            _draw_cells(ax, cells, here, slots, arms, n_x)
+            ax.set_xlim(-0.5, n_x - 0.5)
+            tokens = {layout[s][2]: _split_name(s)[0][2] for s in here}  # the x token (lr...) under its arms
+            for i, tok in tokens.items():
+                ax.annotate(tok, (i, 0), xycoords=("data", "axes fraction"), xytext=(0, -52),
+                            textcoords="offset points", ha="center", va="top", fontsize=8, weight="bold")  # fmt: skip
+            rest = _split_name(here[0])[1:]
+            if len(rest) and strata_layout(strata) is not None:
+                ax.set_title(" · ".join(t for _, _, t in rest), fontsize=9)
+            if c == 0:
+                ax.set_ylabel(f"Δ {cells['metric'].iloc[0]} vs baseline\n(95% t interval)", fontsize=8)
+    fig.suptitle(title, fontsize=10)
     handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=v) for v, c in VERDICT_COLOURS.items()]
     handles += [
         plt.Line2D([], [], ls="", marker="o", color="black", label="explore block"),
         plt.Line2D([], [], ls="", marker="s", color="black", label="confirm block"),
         plt.Line2D([], [], ls="", marker="o", color="black", mfc="white", label="hollow: not replicated / one block"),
     ]
-    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    if margin is not None:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color="#d6eaf8", label=f"±{fmt_value(margin)} (margin)"))
+    fig.legend(handles=handles, fontsize=7, loc="outside right center")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

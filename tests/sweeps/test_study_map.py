@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from prorl_bench.sweeps.study_map import main, verdict_word
+from prorl_bench.sweeps.study_map import main, strata_layout, verdict_word
 from tests.sweep_factory import metric_rows, write_run
 
 STUDY = {
@@ -79,3 +79,18 @@ def test_a_stratum_still_running_is_refused_not_left_out(tmp_path):
     assert out.returncode == 2, out.stdout
     assert "lr0.0003" in out.stderr and "3 incomplete of 16 runs" in out.stderr and "--resume" in out.stderr
     assert not (root / "map.csv").exists()
+
+
+def test_strata_named_by_one_pattern_are_laid_out_as_panels():
+    """The reset map's names (lr<x>_every<y>_d<z>): x by the lr's value (not its text: 1.0e-05 < 0.0001),
+    panel columns by cadence, rows by size; names without one shared pattern are drawn in one row."""
+    layout = strata_layout(["lr0.001_every10_d64", "lr1.0e-05_every10_d64", "lr0.0001_every20_d128",
+                            "lr0.0003_every10_d128"])  # fmt: skip
+    assert layout == {
+        "lr0.001_every10_d64": (0, 0, 3),
+        "lr1.0e-05_every10_d64": (0, 0, 0),
+        "lr0.0001_every20_d128": (1, 1, 1),
+        "lr0.0003_every10_d128": (1, 0, 2),
+    }
+    assert strata_layout(["lr0.001", "lr0.0001"]) is None  # one token: one row, as before
+    assert strata_layout(["lr0.001_every10", "lr0.001_d64"]) is None  # two patterns
