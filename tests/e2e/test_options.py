@@ -49,6 +49,7 @@ CHANGED = {
     ("opt_reset.kind", "soft"): {"factor": 0.5},
     ("opt_reset.kind", "asym"): {"m_factor": 0.5},
     ("kl_estimator.name", "k2"): {"k2_mode": "ref_over_old"},
+    ("kl_estimator.name", "k3"): {"importance_weight": True},
     ("kl_estimator.name", "abs_k1"): {"scale": 3.0},
     ("algo.advantage", "clipped_grpo"): {"clip": 0.5},
     ("task.name", "reverse_letters"): {"alphabet": "xy"},
@@ -102,8 +103,9 @@ def _output(reg: registry.Registry, cfg: Config) -> object:
     if reg is registry.KL_ESTIMATORS:
         kl, g = build_kl(sec), torch.Generator().manual_seed(0)
         a, b, c = (torch.randn(4, 5, generator=g) for _ in range(3))
-        # |l| up to ~60: k2's ref_over_old form clamps the log-ratio at 10, the estimator does not
-        return (kl(a, b).sum().item(), kl.reward(a, 20 * c).sum().item())
+        # |l| up to ~60: k2's ref_over_old form clamps the log-ratio at 10, the estimator does not;
+        # c as pi_old's log-probs: k3's importance weight exp(a - c) (the others ignore it)
+        return (kl(a, b, c).sum().item(), kl.reward(a, 20 * c).sum().item())
     if reg is registry.ADVANTAGES:
         rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]])
         return advantage_estimator(sec.advantage, sec.params, cfg.algo.adv_eps)(rewards).tolist()
