@@ -195,7 +195,8 @@ def map_figure(cells: pd.DataFrame, margin: float | None, path: Path, title: str
 
     strata = list(dict.fromkeys(cells["stratum"]))
     arms = list(dict.fromkeys(cells["group"]))
-    layout = strata_layout(strata) or {s: (0, 0, i) for i, s in enumerate(strata)}
+    grid = strata_layout(strata)
+    layout = grid or {s: (0, 0, i) for i, s in enumerate(strata)}
     n_rows = 1 + max(r for r, _, _ in layout.values())
     n_cols = 1 + max(c for _, c, _ in layout.values())
     n_x = 1 + max(x for _, _, x in layout.values())
@@ -216,13 +217,13 @@ def map_figure(cells: pd.DataFrame, margin: float | None, path: Path, title: str
             slots = [layout[s][2] for s in here]
             _draw_cells(ax, cells, here, slots, arms, n_x)
             ax.set_xlim(-0.5, n_x - 0.5)
-            tokens = {layout[s][2]: _split_name(s)[0][2] for s in here}  # the x token (lr...) under its arms
+            # under its arms: the x token (lr...) in a grid, the whole stratum name in one row
+            tokens = {layout[s][2]: _split_name(s)[0][2] if grid else s for s in here}
             for i, tok in tokens.items():
                 ax.annotate(tok, (i, 0), xycoords=("data", "axes fraction"), xytext=(0, -52),
                             textcoords="offset points", ha="center", va="top", fontsize=8, weight="bold")  # fmt: skip
-            rest = _split_name(here[0])[1:]
-            if len(rest) and strata_layout(strata) is not None:
-                ax.set_title(" · ".join(t for _, _, t in rest), fontsize=9)
+            if grid:
+                ax.set_title(" · ".join(t for _, _, t in _split_name(here[0])[1:]), fontsize=9)
             if c == 0:
                 ax.set_ylabel(f"Δ {cells['metric'].iloc[0]} vs baseline\n(95% t interval)", fontsize=8)
     fig.suptitle(title, fontsize=10)
