@@ -129,8 +129,12 @@ class StaticDecoder:
     def start(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generator: torch.Generator | None) -> None:
         """Prefill the prompt (eager: once per rollout) and sample token 0."""
         c = self.cache
-        for buf in (*c.keys, *c.values):  # stale keys of a longer earlier prompt must not linger
-            buf.zero_()
+        # The eager step keeps the caller's grad mode, so writing a step's k, v into these persistent
+        # buffers records autograd history on them; zero_() would chain the next generation's graph onto
+        # it and every rollout's activations would stay reachable for the whole run (~4.5 MB/step at the
+        # default size). detach() drops the history and keeps the storage (a captured graph's pointers).
+        c.keys[:] = [buf.detach().zero_() for buf in c.keys]  # stale keys of a longer earlier prompt
+        c.values[:] = [buf.detach().zero_() for buf in c.values]  # must not linger
         c.key_mask.zero_()
         c.length = 0
         p = prompt_ids.shape[1]
