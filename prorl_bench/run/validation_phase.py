@@ -52,6 +52,9 @@ def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progres
     and the samples. Gradient-routing runs (and hack tasks) add ``route/<mode>/...`` (routing.py)."""
     cfg, e, device = ctx.cfg, ctx.cfg.eval, ctx.device
     vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+    n_samples, ks = e.at(step, cfg.steps)
+    # coverage classes compare per-prompt counts of equal sample sizes only (the base's are eval.at(0)'s)
+    same_n = n_samples == e.at(0, cfg.steps)[0]
     v, samples = validate(
         s.policy,
         ctx.task,
@@ -61,13 +64,13 @@ def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progres
         banned=ctx.banned,
         generator=vgen,
         device=device,
-        n_samples=e.n_samples,
-        ks=e.ks,
+        n_samples=n_samples,
+        ks=ks,
         n_sample_prompts=prompts_to_write(step, cfg.steps, len(ctx.val_problems), e.n_sample_prompts),
         chunk=e.batch,
         on_progress=on_progress,
         sample=ctx.sample,
-        base_correct=s.base_correct if step > 0 else None,  # coverage classes against the base
+        base_correct=s.base_correct if step > 0 and same_n else None,  # coverage classes against the base
     )
     if step == 0 and len(samples) == len(ctx.val_problems):  # the base evaluation writes every prompt
         s.base_correct = correct_counts(samples)
