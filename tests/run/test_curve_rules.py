@@ -141,3 +141,16 @@ def test_curve_summary_reads_pass1_and_entropy_rows():
     assert out["curve/val_pass1_auc"] == pytest.approx((120 * (0.1 + 0.7) / 2 + 180 * 0.7) / 300)  # 0.58
     with pytest.raises(KeyError, match="val/pass@1"):
         cr.pass1({"step": 5})
+
+
+def test_a_runs_summary_holds_the_curve_keys_of_its_own_files(run_exp):
+    import json
+
+    from prorl_bench.run.outputs import read_jsonl
+
+    summary, d = run_exp(["steps=12", "eval_every=2"], name="curves")  # 7 evaluations, 12 entropy values
+    on_disk = json.loads((d / "summary.json").read_text())
+    expected = cr.curve_summary(read_jsonl(d / "metrics.jsonl"), read_jsonl(d / "validation.jsonl"))
+    assert {k: on_disk[k] for k in expected} == expected
+    assert isinstance(on_disk["curve/plateaued"], bool) and on_disk["curve/slope_lo"] <= on_disk["curve/slope_hi"]
+    assert on_disk["curve/collapse_events"] is not None and on_disk["curve/entropy_ref"] > 0
