@@ -28,7 +28,7 @@ class ResetConfig:
     # null = the trigger's default (1, a copy; polyak 0.6 = TRL ref_model_mixup_alpha)
     alpha: float | None = None
     min_spacing: int = 0  # no two resets closer than this (steps); a condition inside it is dropped
-    # the weights a reset moves pi_ref to (pi_theta above): current = the policy at the reset; best = the
+    # the weights a reset moves pi_ref toward (its pi_theta): current = the policy at the reset; best = the
     # policy at the regular held-out evaluation with the highest pass@1 so far (ProRL v2; ties: the
     # earliest; before the first evaluation: current, and the reset event says so)
     source: ResetSource = ResetSource.current
