@@ -166,6 +166,7 @@ class RunSession:
                 reward=f"{row['reward/mean']:.3f}",
                 kl=_fmt(row["kl/ref"]),
                 ref_share=f"{row['time/ref_share']:.1%}",
+                rss=f"{row.get('mem/rss_mb', float('nan')):.0f}MB",
                 refresh=False,
             )
 

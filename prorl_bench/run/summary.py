@@ -10,6 +10,7 @@ import torch
 from prorl_bench.config import Config
 from prorl_bench.run.accounting import COUNTERS, STAGES
 from prorl_bench.run.curve_rules import curve_summary
+from prorl_bench.run.memory import rss_trend
 
 
 def summarize(
@@ -55,6 +56,7 @@ def summarize(
         "throughput/samples_per_s": n * cfg.algo.prompts_per_step * cfg.algo.group_size / step_time,
         "perf/flops_per_s": totals["perf/flops"] / step_time,
         "base": base_info,
+        **rss_trend(history, cfg.steps),
         **curve_summary(history, val_rows),
     }
 
