@@ -10,6 +10,7 @@ import torch
 
 from prorl_bench.models.rollout import chunked_logprobs
 from prorl_bench.rl.losses import diagnostic_agg
+from prorl_bench.run.curve_rules import pass1
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
 from prorl_bench.run.kl_measure import mean_kl
 from prorl_bench.run.lifecycle import RunState
@@ -30,9 +31,9 @@ def validate_phase(
     step: int,
 ) -> KLStats:
     """Held-out validation every eval_every steps and at the end. Only the regular evaluations feed
-    the stall triggers (and kl/base): the end-of-run one must not, or extending a finished run
-    (steps 35 -> 60) would change its trajectory. Returns the step's KL signals with ``base``
-    measured when the reference has left the base."""
+    the stall triggers, ``reset.source=best``'s snapshot (and kl/base): the end-of-run one must not, or
+    extending a finished run (steps 35 -> 60) would change its trajectory. Returns the step's KL
+    signals with ``base`` measured when the reference has left the base."""
     cfg = ctx.cfg
     regular = step % cfg.eval_every == 0
     if regular or step == cfg.steps:
@@ -41,6 +42,8 @@ def validate_phase(
             if ctx.base_model is not None and regular and not s.ref.is_base:
                 kl = replace(kl, base=_kl_to(ctx, ctx.base_model, s.policy, sc.batch, logp_old, rows))
     if regular:
+        if s.best is not None:  # before this step's reset (reset_phase), which may use it
+            s.best.observe(step, pass1(v), s.policy)
         s.resets.observe_validation(v[cfg.reset.metric.value])
         if s.growth is not None:
             s.growth.observe_validation(v[cfg.reset.metric.value])
