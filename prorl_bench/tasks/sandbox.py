@@ -58,16 +58,21 @@ from pathlib import Path
 from typing import Any
 
 from prorl_bench.tasks.sandbox_cgroup import CgroupLayout, SampleCgroup, find_layout
+from prorl_bench.tasks.sandbox_errors import SandboxBroken, SandboxError
 from prorl_bench.tasks.sandbox_seccomp import export_seccomp_bpf
 from prorl_bench.tasks.sandbox_uids import UIDS
 
 FAIL_CLASSES = (
-    "ok", "syntax_error", "exception", "wrong_answer", "timeout", "memory", "killed", "output_limit", "no_code",
+    "ok", "syntax_error", "exception", "wrong_answer", "timeout", "memory", "crashed", "output_limit", "no_code",
     "scorer_error",
 )  # fmt: skip
 LEVELS = ("full", "netns+pidns", "rlimits")
 WALL_MARGIN_S = 0.5  # the harness kills a sample this long after its wall limit if the runner has not ended it
 RUNNER_FAILED = 90  # exit code of a runner that could not set the sample up (a harness error, raised loudly)
+# The trainer's reads of a sample's stdout and stderr: after READ_BURST reads of a stream, at most one per
+# READ_PACE_S (what is written meanwhile waits in the pipe; a writer that fills it blocks on its own time), so
+# a program writing a byte at a time costs the trainer a bounded number of reads per second of its limits.
+READ_BURST, READ_PACE_S = 64, 0.02
 _HERE = Path(__file__).resolve().parent
 _RUNNER = (_HERE / "sandbox_seccomp.py").read_text() + "\n" + (_HERE / "sandbox_runner.py").read_text()
 # The runner's code, compiled once per process (compiling its ~600 lines costs ~6 ms CPU per sample) and
@@ -81,10 +86,6 @@ _NAMESPACES = {
     "full": ("--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child"),
     "netns+pidns": ("--net", "--pid", "--fork", "--kill-child"),
 }
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (not the program): e.g. its filesystem could not be built."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ def _job(source: str, calls: Sequence[list] | None, entry_point: str, limits: Sa
         "system": [p for p in _SYSTEM if os.path.lexists(p)],
         "binds": [*trees, "/etc/ld.so.cache"],
         "hide": [p for p in hidden if _inside_any(p, trees) and not any(_inside_any(t, [p]) or t == p for t in trees)],
-        "cgroup": {"procs": cgroup.procs_files(), "counters": cgroup.counters()} if cgroup else None,
+        "cgroup": {"procs": cgroup.procs_files(), "counters": cgroup.counters(), "cpu": cgroup.cpu_counters()}
+        if cgroup else None,
         "seccomp": seccomp,
     }  # fmt: skip
 
@@ -203,7 +205,7 @@ def interpreter(uid: int) -> str:
             continue
         if r.returncode == 0:
             return exe
-    raise SandboxError(f"sandbox: no Python interpreter importable by uid {uid}; set SandboxLimits(uid=-1)")
+    raise SandboxBroken(f"sandbox: no Python interpreter importable by uid {uid}; set SandboxLimits(uid=-1)")
 
 
 _TAGS = itertools.count()
@@ -323,15 +325,15 @@ class _Frames:
             end = self.buf.find(b"\n")
             if end < 0:
                 if len(self.buf) > 4096:
-                    raise SandboxError(f"sandbox runner sent a malformed frame: {bytes(self.buf[:200])!r}")
+                    raise SandboxBroken(f"sandbox runner sent a malformed frame: {bytes(self.buf[:200])!r}")
                 return
             try:
                 header = json.loads(self.buf[:end])
                 n = int(header["n"])
             except (ValueError, KeyError, TypeError):
-                raise SandboxError(f"sandbox runner sent a malformed frame: {bytes(self.buf[:200])!r}") from None
+                raise SandboxBroken(f"sandbox runner sent a malformed frame: {bytes(self.buf[:200])!r}") from None
             if n > self.cap:
-                raise SandboxError(f"sandbox runner sent a {n}-byte result (cap {self.cap})")
+                raise SandboxBroken(f"sandbox runner sent a {n}-byte result (cap {self.cap})")
             if len(self.buf) < end + 1 + n:
                 return  # the rest of this frame is still on its way (or cut by a kill: then never handled)
             payload = bytes(self.buf[end + 1 : end + 1 + n])
@@ -348,22 +350,41 @@ class _Streams:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     overflow: bool = False
+    reads: dict = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+
+    def take(self, which: str, chunk: bytes, limits: SandboxLimits, keep_stdout: int) -> None:
+        self.reads[which] += 1
+        if which == "stdout":
+            self.stdout_bytes += len(chunk)
+            if len(self.stdout) < keep_stdout:  # past it: drained, not kept
+                self.stdout += chunk[: keep_stdout - len(self.stdout)]
+            self.overflow |= self.stdout_bytes > limits.max_output_bytes
+        else:
+            self.stderr_bytes += len(chunk)
+            self.stderr = (self.stderr + chunk)[-4096:]
+            self.overflow |= self.stderr_bytes > limits.max_output_bytes
 
 
 def _pump(proc: subprocess.Popen, result_fd: int, limits: SandboxLimits, frames: _Frames, deadline: float,
           wrapped: bool, keep_stdout: int) -> tuple[_Streams, bool]:  # fmt: skip
     """Read stdout, stderr and the frames until all close; kill at the output cap or the deadline. Keeps the
-    first ``keep_stdout`` bytes of stdout and the last 4 KiB of stderr."""
+    first ``keep_stdout`` bytes of stdout and the last 4 KiB of stderr; stdout and stderr are paced
+    (READ_BURST, READ_PACE_S)."""
     s = _Streams()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     sel.register(result_fd, selectors.EVENT_READ, "frames")
+    paused: dict = {}  # stream -> (name, when it is read again)
     killed_at: float | None = None
     timed_out = False
     try:
-        while sel.get_map():
+        while sel.get_map() or paused:
             now = time.monotonic()
+            for f, (name, when) in list(paused.items()):
+                if now >= when:
+                    sel.register(f, selectors.EVENT_READ, name)
+                    del paused[f]
             if killed_at is None and now >= deadline:
                 timed_out, killed_at = True, now
             if killed_at is not None and proc.poll() is None:
@@ -371,22 +392,18 @@ def _pump(proc: subprocess.Popen, result_fd: int, limits: SandboxLimits, frames:
             if killed_at is not None and now - killed_at > 2.0 and proc.poll() is not None:
                 break  # level rlimits: a process that left the group still holds a pipe; stop listening
             wait = 0.05 if killed_at is not None else max(deadline - now, 0.0)
+            wait = min([wait, *(max(when - now, 0.0) for _, when in paused.values())])
             for key, _ in sel.select(timeout=wait):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
-                    continue
-                if key.data == "stdout":
-                    s.stdout_bytes += len(chunk)
-                    if len(s.stdout) < keep_stdout:  # past it: drained, not kept
-                        s.stdout += chunk[: keep_stdout - len(s.stdout)]
-                    s.overflow |= s.stdout_bytes > limits.max_output_bytes
-                elif key.data == "stderr":
-                    s.stderr_bytes += len(chunk)
-                    s.stderr = (s.stderr + chunk)[-4096:]
-                    s.overflow |= s.stderr_bytes > limits.max_output_bytes
-                else:
+                elif key.data == "frames":
                     frames.feed(chunk)
+                else:
+                    s.take(key.data, chunk, limits, keep_stdout)
+                    if s.reads[key.data] > READ_BURST:
+                        sel.unregister(key.fileobj)
+                        paused[key.fileobj] = (key.data, time.monotonic() + READ_PACE_S)
                 if s.overflow and killed_at is None:
                     killed_at = time.monotonic()
                     _kill_sample(proc, wrapped)
@@ -417,25 +434,31 @@ def _call_result(payload: bytes) -> dict | None:
     return None
 
 
-_XCPU = int(signal.SIGXCPU)
+_CPU_SIGNALS = (int(signal.SIGXCPU), int(signal.SIGKILL))  # what RLIMIT_CPU sends (soft, then hard limit)
 
 
 def _status(headers: list[dict], streams: _Streams, timed_out: bool) -> str:
-    """The sample's status from what the runner and this process observed: output caps, the memory cgroup's
-    OOM counter, the clocks, exit signals and the server's compile marker; never from the program's words."""
+    """The sample's status from what the runner and this process observed: output caps, the cgroup's
+    memory and CPU counters, the clocks, the exit status of a process the runner owns (its server) and the
+    server's compile marker; never from a message or a signal the program can send itself."""
     if streams.overflow or any(h["kind"] == "too_large" for h in headers):
         return "output_limit"
     if any(h.get("oom") for h in headers):
         return "memory"
-    if timed_out or any(h["kind"] == "timeout" or h.get("signal") == _XCPU for h in headers):
+    if timed_out or any(h["kind"] == "timeout" for h in headers):
         return "timeout"
     for h in headers:
-        if h["kind"] in ("import", "main", "died"):
-            if "signal" in h:
-                return "killed"
-            if h["kind"] != "died" and not h.get("compiled", 1) and h["code"] == 91:
+        kind = h["kind"]
+        if kind == "protocol":
+            return "exception"  # it wrote to the runner's control socket what the runner did not expect
+        if kind == "died":  # a call ended with no result; its exit status is only the server's word
+            return "timeout" if h.get("cpu") else ("crashed" if "signal" in h else "exception")
+        if kind in ("import", "main"):
+            if "signal" in h:  # the server's status, from the runner's own waitpid
+                return "timeout" if h.get("cpu") and h["signal"] in _CPU_SIGNALS else "crashed"
+            if not h.get("compiled", 1) and h["code"] == 91:
                 return "syntax_error"
-            if h["code"] != 0 or h["kind"] != "main":
+            if h["code"] != 0 or kind != "main":
                 return "exception"
     return "ok"
 
@@ -445,6 +468,91 @@ def _harness_deadline(t0: float, limits: SandboxLimits, n_calls: int) -> float:
     run again for each call (the weaker levels restart the server after each call), and a margin."""
     top = limits.wall_s if limits.import_wall_s is None else limits.import_wall_s
     return t0 + n_calls * (top + limits.wall_s) + top + WALL_MARGIN_S + 1.0
+
+
+@dataclass
+class _Sample:
+    """One sample's resources on this side: made by ``_prepare``, released by ``close`` (in any case)."""
+
+    uid: int
+    cgroup: SampleCgroup | None
+    work: str = ""
+    fds: list = field(default_factory=list)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            if fd >= 0:
+                os.close(fd)
+        if self.work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+
+
+def _prepare(limits: SandboxLimits, level: str, lay: Layers) -> _Sample:
+    """The sample's uid, cgroup and scratch directory. Any failure here is the sandbox's (SandboxBroken,
+    naming what broke): the next sample would meet it too."""
+    drop = limits.uid >= 0 and os.getuid() == 0
+    uid = UIDS.take(limits.uid) if drop else -1  # UidError is a SandboxBroken
+    cgroup = SampleCgroup(lay.cgroup, _tag(uid)) if lay.cgroup is not None else None
+    sample = _Sample(uid, None)
+    try:
+        if cgroup is not None:
+            try:
+                cgroup.create(limits.memory_bytes, limits.nproc)
+            except OSError as e:
+                raise SandboxBroken(f"sandbox: cannot make the sample's cgroup {cgroup.name}: {e}") from e
+            sample.cgroup = cgroup
+        where = tempfile.gettempdir()
+        try:
+            sample.work = tempfile.mkdtemp(prefix="prorl_sbx_")
+            if drop and level != "full":
+                os.chown(sample.work, uid, uid)
+        except OSError as e:
+            raise SandboxBroken(f"sandbox: the scratch directory under {where} is unusable: {e}") from e
+    except BaseException:
+        sample.close()
+        raise
+    return sample
+
+
+def _command(level: str, limits: SandboxLimits, sample: _Sample, job_fd: int, wfd: int) -> tuple[list, tuple]:
+    """The runner's command line and the descriptors it inherits."""
+    exe = sys.executable if level == "full" else interpreter(limits.uid if sample.uid >= 0 else -1)
+    fds = (job_fd, wfd)
+    if exe == sys.executable:  # the same interpreter: its bytecode, compiled once
+        code_fd, size = _runner_code()
+        cmd, fds = [exe, "-I", "-S", "-c", _BOOT, str(job_fd), str(wfd), str(code_fd), str(size)], (*fds, code_fd)
+    else:
+        cmd = [exe, "-I", "-S", "-c", _RUNNER, str(job_fd), str(wfd)]
+    if level in _NAMESPACES:
+        cmd = [shutil.which("unshare") or "unshare", *_NAMESPACES[level], "--", *cmd]
+    return cmd, fds
+
+
+class _Collector:
+    """The frames of one sample: every header kept, each call's payload judged (``check``) or parsed as
+    it arrives and dropped."""
+
+    def __init__(self, calls: Sequence[list] | None, check: Callable[[int, bytes], bool] | None) -> None:
+        self.calls, self.check = calls, check
+        self.results: list[dict | None] = [None] * len(calls or [])
+        self.headers: list[dict] = []
+
+    def __call__(self, h: dict, payload: bytes) -> None:
+        self.headers.append(h)
+        i = h.get("i")
+        if h["kind"] != "result" or self.calls is None or not isinstance(i, int) or not 0 <= i < len(self.results):
+            return
+        if h.get("oom"):
+            return  # the sample hit its memory limit during this call: the call gets no credit
+        name = _error_name(payload)
+        if name is not None:
+            self.results[i] = {"error": name}
+        elif self.check is None:
+            self.results[i] = _call_result(payload)
+        else:
+            self.results[i] = {"passed": bool(self.check(i, payload))}
 
 
 def run_program(
@@ -460,97 +568,67 @@ def run_program(
     """Run ``source`` in the sandbox: as a program (``calls`` None), or calling ``entry_point`` once per
     argument list in ``calls``. ``check(i, payload)``, if given, judges call ``i``'s raw JSON as it arrives
     (the payload is then dropped: ``calls[i]`` is ``{"passed": bool}``). ``keep_stdout``: bytes of stdout
-    kept (default ``max_output_bytes``). Never raises for program misbehaviour; raises SandboxError if the
-    sandbox fails."""
+    kept (default ``max_output_bytes``). Never raises for program misbehaviour; raises SandboxBroken (naming
+    what broke) if the sandbox cannot be set up or its runner fails."""
     level = level or isolation().level
     lay = layers()
-    drop = limits.uid >= 0 and os.getuid() == 0
-    uid = UIDS.take(limits.uid) if drop else -1
-    cgroup = SampleCgroup(lay.cgroup, _tag(uid)) if lay.cgroup is not None else None
-    work = tempfile.mkdtemp(prefix="prorl_sbx_")
-    job_fd = os.memfd_create("prorl_sbx_job")
-    rfd, wfd = os.pipe()
-    n_calls = len(calls or [None])
-    results: list[dict | None] = [None] * len(calls or [])
-    headers: list[dict] = []
-
-    def on_frame(h: dict, payload: bytes) -> None:
-        headers.append(h)
-        i = h.get("i")
-        if h["kind"] != "result" or calls is None or not isinstance(i, int) or not 0 <= i < len(results):
-            return
-        if h.get("oom"):
-            return  # the sample hit its memory limit during this call: the call gets no credit
-        name = _error_name(payload)
-        if name is not None:
-            results[i] = {"error": name}
-        elif check is None:
-            results[i] = _call_result(payload)
-        else:
-            results[i] = {"passed": bool(check(i, payload))}
-
+    sample = _prepare(limits, level, lay)
     try:
-        if cgroup is not None:
-            try:
-                cgroup.create(limits.memory_bytes, limits.nproc)
-            except OSError as e:
-                raise SandboxError(f"sandbox: cannot make the sample's cgroup {cgroup.name}: {e}") from e
-        if drop and level != "full":
-            os.chown(work, uid, uid)
+        job_fd = os.memfd_create("prorl_sbx_job")
+        sample.fds.append(job_fd)
+        rfd, wfd = os.pipe()
+        sample.fds += [rfd, wfd]
         mode = "full" if level == "full" else ("pidns" if level == "netns+pidns" else "rlimits")
         hidden = default_hidden() if hide is None else hide
-        job = _job(source, calls, entry_point, limits, mode, work, uid, hidden, cgroup, lay.seccomp)
+        job = _job(source, calls, entry_point, limits, mode, sample.work, sample.uid, hidden, sample.cgroup,
+                   lay.seccomp)  # fmt: skip
         os.write(job_fd, marshal.dumps(job))
         os.lseek(job_fd, 0, os.SEEK_SET)
-        exe = sys.executable if level == "full" else interpreter(limits.uid if drop else -1)
-        fds = (job_fd, wfd)
-        if exe == sys.executable:  # the same interpreter: its bytecode, compiled once
-            code_fd, size = _runner_code()
-            cmd, fds = [exe, "-I", "-S", "-c", _BOOT, str(job_fd), str(wfd), str(code_fd), str(size)], (*fds, code_fd)
-        else:
-            cmd = [exe, "-I", "-S", "-c", _RUNNER, str(job_fd), str(wfd)]
-        if level in _NAMESPACES:
-            cmd = [shutil.which("unshare") or "unshare", *_NAMESPACES[level], "--", *cmd]
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if level == "full" else work, "LANG": "C.UTF-8",
-               "TMPDIR": "/tmp" if level == "full" else work}  # fmt: skip
-        frames = _Frames(on_frame, limits.max_result_bytes + 4096)
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)  # fmt: skip
-        os.close(wfd)
-        wfd = -1
+        cmd, fds = _command(level, limits, sample, job_fd, wfd)
+        tmp = "/tmp" if level == "full" else sample.work
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "TMPDIR": tmp}
+        collect = _Collector(calls, check)
         keep = limits.max_output_bytes if keep_stdout is None else min(keep_stdout, limits.max_output_bytes)
-        try:
-            streams, timed_out = _pump(proc, rfd, limits, frames, _harness_deadline(t0, limits, n_calls),
-                                       level in _NAMESPACES, keep)  # fmt: skip
-        except BaseException:
-            _kill_sample(proc, level in _NAMESPACES)  # an error here: the sample must not outlive it
-            raise
-        finally:
-            proc.stdout.close()
-            proc.stderr.close()
-            rc = proc.wait()
-            if level not in _NAMESPACES:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # descendants that stayed in the group
-                except OSError:
-                    pass
-        wall = time.monotonic() - t0
-        killed_by_us = timed_out or streams.overflow
-        if rc != 0 and not killed_by_us:
-            tail = bytes(streams.stderr).decode("utf-8", "replace")
-            raise SandboxError(f"sandbox runner failed (exit {rc}, isolation {level}): {tail[-2000:]}")
-        return SandboxResult(
-            _status(headers, streams, timed_out), rc, bytes(streams.stdout).decode("utf-8", "replace"),
-            bytes(streams.stderr).decode("utf-8", "replace"), wall, tuple(results),
-        )  # fmt: skip
+        return _run(cmd, fds, env, sample, level, limits, collect, keep, len(calls or [None]))
     finally:
-        for fd in (job_fd, rfd, wfd):
-            if fd >= 0:
-                os.close(fd)
-        shutil.rmtree(work, ignore_errors=True)
-        if cgroup is not None:
-            cgroup.destroy()
+        sample.close()
+
+
+def _run(cmd: list, fds: tuple, env: dict, sample: _Sample, level: str, limits: SandboxLimits,
+         collect: _Collector, keep: int, n_calls: int) -> SandboxResult:  # fmt: skip
+    """Start the runner, read what it and the sample write until they end, and class the outcome."""
+    wfd = sample.fds.pop()  # the write end of the frames pipe: the runner's alone once it started
+    frames = _Frames(collect, limits.max_result_bytes + 4096)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, cwd=sample.work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)  # fmt: skip
+    finally:
+        os.close(wfd)
+    wrapped = level in _NAMESPACES
+    try:
+        streams, timed_out = _pump(proc, sample.fds[1], limits, frames, _harness_deadline(t0, limits, n_calls),
+                                   wrapped, keep)  # fmt: skip
+    except BaseException:
+        _kill_sample(proc, wrapped)  # an error here: the sample must not outlive it
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+        rc = proc.wait()
+        if not wrapped:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # descendants that stayed in the group
+            except OSError:
+                pass
+    wall = time.monotonic() - t0
+    if rc != 0 and not (timed_out or streams.overflow):
+        tail = bytes(streams.stderr).decode("utf-8", "replace")
+        raise SandboxBroken(f"sandbox runner failed (exit {rc}, isolation {level}): {tail[-2000:]}")
+    return SandboxResult(
+        _status(collect.headers, streams, timed_out), rc, bytes(streams.stdout).decode("utf-8", "replace"),
+        bytes(streams.stderr).decode("utf-8", "replace"), wall, tuple(collect.results),
+    )  # fmt: skip
 
 
 def run_many(
@@ -567,27 +645,33 @@ def run_many(
     """Run programs concurrently (threads driving sandboxes). ``calls[k]`` and ``entry_points[k]``: the
     calls of program k (default: run each as a plain program); ``checks[k]``: its ``check``. Without
     ``on_result``: the results in input order (a sandbox error raises). With it: ``on_result(k, result or
-    the exception)`` as each sample finishes (a sandbox error is that sample's), and a list of None."""
+    the exception)`` as each sample finishes (an error of one sample is that sample's), and a list of None.
+    ``SandboxBroken`` always raises: the samples not yet started are cancelled (a broken sandbox would fail
+    each of them), the running ones finish."""
 
     def one(k: int) -> SandboxResult | None:
         kw = {"hide": hide, "keep_stdout": keep_stdout}
+        if calls is not None:
+            kw.update(calls=calls[k], entry_point=entry_points[k], check=checks and checks[k])
         if on_result is None:
-            if calls is None:
-                return run_program(sources[k], limits, **kw)
-            return run_program(sources[k], limits, calls[k], entry_points[k], check=checks and checks[k], **kw)
+            return run_program(sources[k], limits, **kw)
         try:
-            if calls is None:
-                r = run_program(sources[k], limits, **kw)
-            else:
-                r = run_program(sources[k], limits, calls[k], entry_points[k], check=checks and checks[k], **kw)
-        except Exception as e:  # noqa: BLE001 (a sandbox failure is this sample's, reported to the caller)
+            r = run_program(sources[k], limits, **kw)
+        except SandboxBroken:
+            raise
+        except Exception as e:  # noqa: BLE001 (a failure of one sample is that sample's, reported to the caller)
             on_result(k, e)
         else:
             on_result(k, r)
         return None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
-        return list(ex.map(one, range(len(sources))))
+        futures = [ex.submit(one, k) for k in range(len(sources))]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            ex.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 _PROBE = "import os\ndef probe(x):\n    return [x, os.getuid() != 0, sorted(os.listdir('/tmp'))]\n"

@@ -7,6 +7,10 @@ else: under this process's own group of each hierarchy, so whatever limits the m
 also bound its samples. The group's name holds this process's pid and the sample's uid (unique: see
 ``sandbox_uids``), so no lock is needed; groups left by a process that died are removed by the next one.
 
+Its CPU time (v2 ``cpu.stat``, v1 ``cpuacct.usage``) is read by the runner around each phase: a process
+that died of ``SIGXCPU``/``SIGKILL`` is classed ``timeout`` only when the group's CPU shows the limit was
+reached (a program can send itself either signal).
+
 The memory limit charges every page a process of the sample faults in (anonymous, page cache, shmem:
 ``memfd``, ``/dev/shm``, the private ``/tmp``) to the sample; at the limit the kernel's OOM killer kills a
 process of that group only (a charge the kernel cannot satisfy otherwise fails with ENOMEM), and the
@@ -23,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu")  # cgroup v2 (its cpu.stat counts the group's CPU time)
+V1_CONTROLLERS = (*CONTROLLERS, "cpuacct")  # cgroup v1: CPU time is counted by cpuacct
 PREFIX = "prorl_sbx_"
 
 
@@ -83,7 +88,7 @@ def _v2_layout(mounts, own) -> tuple[CgroupLayout | None, str]:
 
 def _v1_layout(mounts, own) -> tuple[CgroupLayout | None, str]:
     parents = {}
-    for c in CONTROLLERS:
+    for c in V1_CONTROLLERS:
         points = [m for m, t, opts in mounts if t == "cgroup" and c in opts]
         if not points or c not in own:
             return None, f"cgroup v1: no {c} hierarchy"
@@ -180,6 +185,13 @@ class SampleCgroup:
         if self.layout.version == 2:
             return [(f"{d}/memory.events", "oom_kill"), (f"{d}/memory.events", "max")]
         return [(f"{d}/memory.oom_control", "oom_kill"), (f"{d}/memory.failcnt", "")]
+
+    def cpu_counters(self) -> list[tuple[str, str, float]]:
+        """(file, key, seconds per unit) whose values sum to the CPU time every process of the sample used:
+        what tells a signal of RLIMIT_CPU (the limit was reached) from one the program sent itself."""
+        if self.layout.version == 2:
+            return [(f"{self.dirs['cpu']}/cpu.stat", "usage_usec", 1e-6)]
+        return [(f"{self.dirs['cpuacct']}/cpuacct.usage", "", 1e-9)]
 
     def limit_hits(self) -> int:
         total = 0

@@ -41,6 +41,9 @@ RESULT_FD = -1  # set from argv: the write end of the harness's result pipe
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE = 1, 2, 4, 8, 32, 4096, 8192
 PR_SET_NO_NEW_PRIVS = 38
 EXIT_SYNTAX, EXIT_EXCEPTION, EXIT_SETUP = 91, 92, 94
+RUNNER_FAILED = 90  # the runner's exit code when the sandbox could not be set up (the harness raises)
+CPU_SLACK_S = 0.05  # CPU a process may use before it joins the sample's cgroup (uncounted there)
+READ_BURST, READ_PACE_S, READ_CAP = 64, 0.005, 4096  # reads of one call's result pipe: see CallPipe
 _libc = ctypes.CDLL(None, use_errno=True)
 _WARM_UP = "def f(a, b=1, *c, **d):\n    for i in range(a):\n        b += [x for x in c if x][i] if c else i\n"
 
@@ -143,13 +146,17 @@ def _exit_code(e):
 
 def server(job, cg, ctl):
     """The untrusted side of the sample: never returns. Runs the top level once, then serves calls."""
-    try:
+    try:  # the sandbox's own set-up (no program code has run): a failure here is the sandbox's, not the sample's
         for fd in cg["procs"]:
             os.write(fd, b"0")  # join the sample's cgroup (as root, before the uid drops)
         drop_privileges(job, [ctl.fileno()])
+    except BaseException as e:
+        say(f"sandbox: the sample's server could not be set up: {type(e).__name__}: {e}")
+        os._exit(EXIT_SETUP)
+    try:
         try:
             code = compile(job["source"], "<program>", "exec")
-        except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
+        except BaseException:  # any failure to compile the untrusted text is the program's
             os._exit(EXIT_SYNTAX)
         sock = ctl
         sock.send(b"C")  # compiled: sent before any program code runs
@@ -187,7 +194,15 @@ def server(job, cg, ctl):
         _flush()
         os._exit(_exit_code(e))
     except BaseException:
-        os._exit(EXIT_SETUP)
+        os._exit(EXIT_EXCEPTION)
+
+
+def say(text):
+    """A line on the sample's stderr (which the harness shows when the runner fails)."""
+    try:
+        write_all(2, (text + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 def call(fn, args, wfd):
@@ -317,22 +332,33 @@ def kill_all(job, srv):
         os.close(srv["pidfd"])
 
 
-def oom_kills(cg):
-    """The times the sample hit its memory limit so far (OOM kills + refused charges; 0 without a cgroup)."""
-    total = 0
-    for fd, key in cg["counters"]:
-        try:
-            text = os.pread(fd, 4096, 0).decode()
-        except OSError:
-            continue
-        if not key:
-            total += int(text.strip() or 0)
-            continue
-        for line in text.splitlines():
-            k, _, value = line.partition(" ")
-            if k == key:
-                total += int(value)
-    return total
+def _counter(fd, key):
+    try:
+        text = os.pread(fd, 4096, 0).decode()
+    except OSError:
+        return 0
+    if not key:
+        return int(text.strip() or 0)
+    for line in text.splitlines():
+        k, _, value = line.partition(" ")
+        if k == key:
+            return int(value)
+    return 0
+
+
+def observe(cg):
+    """(memory-limit hits, CPU seconds) of the sample's cgroup so far: OOM kills + refused charges, and
+    the CPU every process of the sample used (0, 0 without a cgroup). The program cannot write either."""
+    hits = sum(_counter(fd, key) for fd, key in cg["counters"])
+    cpu = sum(_counter(fd, key) * scale for fd, key, scale in cg["cpu"])
+    return hits, cpu
+
+
+def observed(job, cg, before):
+    """What the runner saw of a phase that began at ``before`` (``observe``): ``oom`` 1 if the sample hit
+    its memory limit, ``cpu`` 1 if its processes used ``cpu_s`` of CPU (what RLIMIT_CPU's signals mean)."""
+    hits, cpu = observe(cg)
+    return {"oom": int(hits > before[0]), "cpu": int(bool(cg["cpu"]) and cpu - before[1] >= job["cpu_s"] - CPU_SLACK_S)}
 
 
 def exit_info(status):
@@ -340,44 +366,48 @@ def exit_info(status):
 
 
 def start_server(job, cg):
-    """Fork the server and wait until its top level ran: (server, None), or (None, failure header)."""
+    """Fork the server and wait until its top level ran: (server, None), or (None, failure header). The
+    server may send exactly "C" (compiled) then "R" (ready); any other message ends the sample."""
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
-    before = oom_kills(cg)
+    before = observe(cg)
     deadline = time.monotonic() + job["import_wall_s"]
     pid = os.fork()
     if pid == 0:
         ours.close()
         server(job, cg, theirs)
     theirs.close()
-    srv = {"pid": pid, "sock": ours, "pidfd": os.pidfd_open(pid), "status": None, "inbox": bytearray()}
-    compiled, ready = False, False
+    srv = {"pid": pid, "sock": ours, "pidfd": os.pidfd_open(pid), "status": None}
+    got = b""  # the messages so far: "", "C", then "CR"
     poller = select.poll()
     poller.register(ours.fileno(), select.POLLIN)
     poller.register(srv["pidfd"], select.POLLIN)
-    while not ready:
+    while got != b"CR":
         left = deadline - time.monotonic()
         events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
         if not events:
             kill_all(job, srv)
-            return None, {"kind": "timeout", "oom": int(oom_kills(cg) > before)}
+            return None, {"kind": "timeout", **observed(job, cg, before)}
         for fd, _ in events:
             if fd == srv["pidfd"]:
-                _, status = os.waitpid(pid, 0)
+                _, status = os.waitpid(pid, 0)  # the runner's own child: its status is observed, not reported
                 srv["status"] = status
                 kill_all(job, srv)
+                if not got and os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_SETUP:
+                    return None, {"kind": "setup"}  # the sandbox's set-up failed before any program code ran
                 kind = "main" if job["calls"] is None else "import"
-                return None, {"kind": kind, "compiled": int(compiled), "oom": int(oom_kills(cg) > before),
+                return None, {"kind": kind, "compiled": int(bool(got)), **observed(job, cg, before),
                               **exit_info(status)}  # fmt: skip
             msg = _recv(srv)
             if msg is None:
                 poller.unregister(ours.fileno())
-            elif not compiled:
-                compiled = msg == b"C"  # the first message, sent before the program ran: trusted
+            elif len(got) < 2 and msg == b"CR"[len(got) : len(got) + 1]:
+                got += msg
             else:
-                ready = msg == b"R"
+                kill_all(job, srv)
+                return None, {"kind": "protocol", **observed(job, cg, before)}
     if job["mode"] == "full" and not kill_others(srv):  # processes the top level started do not persist
         kill_all(job, srv)
-        return None, {"kind": "import", "compiled": 1, "oom": int(oom_kills(cg) > before), "code": EXIT_EXCEPTION}
+        return None, {"kind": "import", "compiled": 1, **observed(job, cg, before), "code": EXIT_EXCEPTION}
     return srv, None
 
 
@@ -388,10 +418,43 @@ def _recv(srv):
         return None
 
 
+class CallPipe:
+    """The read end of one call's result pipe, read in large chunks with a bounded number of reads: after
+    ``READ_BURST`` reads at most one per ``READ_PACE_S`` (bytes written meanwhile wait in the pipe; a writer
+    that fills it blocks, on its own time), and never more than ``READ_CAP`` (then: too large)."""
+
+    def __init__(self, fd, cap):
+        self.fd, self.cap, self.buf, self.reads = fd, cap, bytearray(), 0
+        self.eof, self.resume = False, 0.0
+
+    def read(self):
+        chunk = os.read(self.fd, 65536)
+        self.reads += 1
+        self.buf += chunk
+        self.eof |= not chunk
+        if self.reads > READ_BURST:
+            self.resume = time.monotonic() + READ_PACE_S
+        return bool(chunk)
+
+    def over(self):
+        return len(self.buf) > self.cap or self.reads > READ_CAP
+
+    def drain(self):
+        """What the call wrote before it ended (descendants may hold the pipe open: no waiting)."""
+        os.set_blocking(self.fd, False)
+        while not self.eof and not self.over():
+            try:
+                self.read()
+            except BlockingIOError:
+                break
+
+
 def run_call(job, cg, srv, i):
-    """Have the server run call ``i``; return (header, payload, server or None if it is gone)."""
+    """Have the server run call ``i``; return (header, payload, server or None if it is gone). The server
+    may send one message, "D" + i (call i ended; a stale one for call i - 1 is skipped); any other ends
+    the sample. The class never comes from what the server says: only from the runner's observation."""
     rfd, wfd = os.pipe()
-    before = oom_kills(cg)
+    before = observe(cg)
     deadline = time.monotonic() + job["wall_s"]
     try:
         srv["sock"].sendmsg(
@@ -401,56 +464,64 @@ def run_call(job, cg, srv, i):
     except OSError:
         pass  # the server is gone or stopped listening: the call gets no result
     os.close(wfd)
+    pipe = CallPipe(rfd, job["max_result_bytes"])
+    end = _wait_call(srv, pipe, deadline, i)
+    pipe.drain()
+    os.close(rfd)
+    if end != "done" or pipe.over() or job["mode"] != "full" or not kill_others(srv):
+        kill_all(job, srv)
+        gone = end == "gone" and srv["status"] is not None
+        info = exit_info(srv["status"]) if gone else {}  # the server's status, from the runner's own waitpid
+        srv = None
+    else:
+        info = {}
+    seen = observed(job, cg, before)
+    if end in ("timeout", "protocol"):
+        return {"kind": end, **seen}, b"", srv
+    if pipe.over():
+        return {"kind": "too_large", **seen}, b"", srv
+    if pipe.buf:
+        return {"kind": "result", **seen}, bytes(pipe.buf), srv
+    return {"kind": "died", **seen, **info}, b"", srv
+
+
+def _wait_call(srv, pipe, deadline, i):
+    """Wait for call ``i`` to end: "done" (its "D" message, or its pipe closed after data), "timeout" (the
+    runner's clock), "gone" (the server died), "protocol" (an unexpected message)."""
     poller = select.poll()
-    poller.register(rfd, select.POLLIN)
-    poller.register(srv["sock"].fileno(), select.POLLIN)
-    poller.register(srv["pidfd"], select.POLLIN)
-    buf, cap = bytearray(), job["max_result_bytes"] + 1
-    done, eof, timed_out, server_gone = None, False, False, False
-    while done is None and not server_gone and not (eof and buf):
-        left = deadline - time.monotonic()
-        events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
-        if not events:
-            timed_out = True
-            break
-        for fd, _ in events:
-            if fd == rfd:
-                chunk = os.read(rfd, 65536)
-                buf += chunk
-                if not chunk or len(buf) > cap:
-                    eof = True
-                    poller.unregister(rfd)
+    for fd in (pipe.fd, srv["sock"].fileno(), srv["pidfd"]):
+        poller.register(fd, select.POLLIN)
+    stale = i - 1  # the "D" of the previous call may still be queued (the runner ends a call at its pipe's EOF)
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return "timeout"
+        if pipe.resume and now >= pipe.resume:
+            poller.register(pipe.fd, select.POLLIN)
+            pipe.resume = 0.0
+        wake = min(deadline, pipe.resume or deadline)
+        for fd, _ in poller.poll(max(0, int((wake - now) * 1000) + 1)):
+            if fd == pipe.fd:
+                pipe.read()
+                if pipe.eof or pipe.over():
+                    poller.unregister(pipe.fd)
+                    pipe.resume = 0.0
+                    if pipe.buf or pipe.over():
+                        return "done"
+                elif pipe.resume:
+                    poller.unregister(pipe.fd)
             elif fd == srv["pidfd"]:
-                server_gone = True
+                return "gone"
             else:
                 msg = _recv(srv)
                 if msg is None:
                     poller.unregister(srv["sock"].fileno())
                 elif len(msg) == 9 and msg[:1] == b"D" and int.from_bytes(msg[1:5], "little") == i:
-                    done = int.from_bytes(msg[5:9], "little")  # the call's status, as the server reports it
-    os.set_blocking(rfd, False)
-    while len(buf) <= cap:  # what the call wrote before it ended; descendants may hold the pipe open
-        try:
-            chunk = os.read(rfd, 65536)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        buf += chunk
-    os.close(rfd)
-    if timed_out or server_gone or len(buf) > cap or job["mode"] != "full" or not kill_others(srv):
-        kill_all(job, srv)
-        if server_gone and done is None and srv["status"] is not None:
-            done = srv["status"]
-        srv = None
-    oom = int(oom_kills(cg) > before)
-    if timed_out:
-        return {"kind": "timeout", "oom": oom}, b"", srv
-    if len(buf) > cap:
-        return {"kind": "too_large", "oom": oom}, b"", srv
-    if buf:
-        return {"kind": "result", "oom": oom}, bytes(buf), srv
-    return {"kind": "died", "oom": oom, **(exit_info(done) if done is not None else {"code": EXIT_EXCEPTION})}, b"", srv
+                    return "done"
+                elif len(msg) == 9 and msg[:1] == b"D" and stale >= 0 and int.from_bytes(msg[1:5], "little") == stale:
+                    stale = -1
+                else:
+                    return "protocol"
 
 
 def report(i, header, payload):
@@ -462,9 +533,10 @@ def open_cgroup(job):
     """The sample's cgroup files, opened while the host's filesystem is still visible."""
     spec = job["cgroup"]
     if not spec:
-        return {"procs": [], "counters": []}
+        return {"procs": [], "counters": [], "cpu": []}
     return {"procs": [os.open(p, os.O_WRONLY) for p in spec["procs"]],
-            "counters": [(os.open(p, os.O_RDONLY), key) for p, key in spec["counters"]]}  # fmt: skip
+            "counters": [(os.open(p, os.O_RDONLY), key) for p, key in spec["counters"]],
+            "cpu": [(os.open(p, os.O_RDONLY), key, scale) for p, key, scale in spec["cpu"]]}  # fmt: skip
 
 
 def main():
@@ -484,13 +556,16 @@ def main():
     for i in range(1 if calls is None else len(calls)):
         if srv is None:
             srv, header = start_server(job, cg)
+            if header is not None and header["kind"] == "setup":
+                say("sandbox: the runner stops: the sample's server could not be set up (see above)")
+                os._exit(RUNNER_FAILED)  # the harness raises SandboxBroken with this stderr
             if header is not None:
                 report(i, header, b"")
                 break
         header, payload, srv = run_call(job, cg, srv, i)
         report(i, header, payload)
-        if header["kind"] == "timeout" or header["oom"]:
-            break  # the call's time is up, or the sample hit its memory limit: the next calls are not run
+        if header["kind"] in ("timeout", "protocol") or header["oom"]:
+            break  # the call's time is up, the sample broke the protocol or hit its memory limit: no more calls
     if srv is not None:
         kill_all(job, srv)
     os.close(RESULT_FD)
