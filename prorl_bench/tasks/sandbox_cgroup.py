@@ -211,9 +211,22 @@ class SampleCgroup:
                 pass
         return sorted(out)
 
+    def _empty_memory(self) -> None:
+        """Uncharge the page cache the sample's reads charged to its group (files of the host's shared
+        trees): a removed group whose pages are still charged lives on in the kernel, one per sample."""
+        d = self.dirs["memory"]
+        try:
+            if self.layout.version == 1:
+                _write(f"{d}/memory.force_empty", "0")
+            else:
+                _write(f"{d}/memory.reclaim", str(2**40))  # kernel 5.19+; older kernels: best effort
+        except OSError:
+            pass  # already gone, or nothing the kernel could reclaim (rmdir then still works)
+
     def destroy(self) -> None:
-        """Kill every process still in the group, then remove it (retried while the kernel finishes reaping,
-        for up to 10 s: a loaded machine may take that long to tear down a large process tree)."""
+        """Kill every process still in the group, uncharge its memory, then remove it (retried while the kernel
+        finishes reaping, for up to 10 s: a loaded machine may take that long to tear down a large process
+        tree)."""
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             left = self.pids()
@@ -222,6 +235,8 @@ class SampleCgroup:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            if not left:
+                self._empty_memory()
             busy = False
             for d in sorted(set(self.dirs.values())):
                 try:
