@@ -43,7 +43,7 @@ PR_SET_NO_NEW_PRIVS = 38
 EXIT_SYNTAX, EXIT_EXCEPTION, EXIT_SETUP = 91, 92, 94
 RUNNER_FAILED = 90  # the runner's exit code when the sandbox could not be set up (the harness raises)
 CPU_SLACK_S = 0.05  # CPU a process may use before it joins the sample's cgroup (uncounted there)
-READ_BURST, READ_PACE_S, READ_CAP = 64, 0.005, 4096  # reads of one call's result pipe: see CallPipe
+READ_BURST, READ_PACE_S, READ_CAP = 64, 0.02, 4096  # reads of one call's result pipe: see CallPipe
 _libc = ctypes.CDLL(None, use_errno=True)
 _WARM_UP = "def f(a, b=1, *c, **d):\n    for i in range(a):\n        b += [x for x in c if x][i] if c else i\n"
 

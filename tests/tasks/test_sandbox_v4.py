@@ -220,9 +220,14 @@ def test_the_neighbours_of_three_flooding_samples_score_1():
     assert rewards[3:] == [1.0, 1.0], infos
 
 
-RUNNER_CPU = "def runner_cpu():\n    fields = open('/proc/1/stat').read().rsplit(')', 1)[1].split()\n" + (
-    "    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')\n"
-)  # PID 1 of the sample's pid namespace is its runner
+RUNNER_CPU = """
+import os, time
+def runner_cpu():  # PID 1 of the sample's pid namespace is its runner
+    fields = open('/proc/1/stat').read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+"""
+# The attacks pace their writes (0.1 ms apart: the program's own choice, not the test waiting), so that each
+# byte reaches an idle reader: one wake-up per byte unless the reader bounds its reads.
 DRIP = (
     ISFD
     + RUNNER_CPU
@@ -233,6 +238,7 @@ DRIP = (
         "    before = runner_cpu()\n"
         "    for _ in range(n):\n"
         "        os.write(pipe, b' ')  # whitespace before the JSON: still a valid result\n"
+        "        time.sleep(0.0001)\n"
         "    return runner_cpu() - before\n"
     )
 )
@@ -240,24 +246,28 @@ DRIP = (
 
 @needs_full
 def test_dripping_the_result_pipe_costs_the_runner_little():
-    """old: fails (one runner wake-up per byte: 1.3-2.2 s of runner CPU per sample in the audit)."""
-    r = run_program(DRIP, SandboxLimits(wall_s=60.0, cpu_s=60), [[200_000]], "f")
-    assert r.status == "ok" and r.calls[0]["value"] < 0.1, r
+    """old: fails (one runner wake-up per byte: 0.38 s of runner CPU here for 20,000 bytes; 1.3-2.2 s per
+    sample in the audit)."""
+    r = run_program(DRIP, SandboxLimits(wall_s=60.0, cpu_s=60), [[20_000]], "f")
+    assert r.status == "ok" and r.calls[0]["value"] < 0.15, r
 
 
-PACED = "import os\ndef f(n, fd):\n    for _ in range(n):\n        os.write(fd, b'x')\n    return n\n"
+PACED = (
+    "import os, time\ndef f(n, fd):\n    for _ in range(n):\n        os.write(fd, b'x')\n        time.sleep(0.0001)\n"
+)
+PACED += "    return n\n"
 
 
 @needs_full
 @pytest.mark.parametrize("fd", [1, 2], ids=["stdout", "stderr"])
 def test_paced_output_costs_the_trainer_little(fd):
-    """A correct program writing one byte per write (200,000 writes, under the 1 MiB cap). old: fails (one
-    trainer wake-up per write: 1.9-2.9 s of trainer CPU per sample in the audit)."""
+    """A correct program writing one byte per write, 20,000 times. old: fails (one trainer wake-up per
+    write: 0.41 s of trainer CPU here; 1.9-2.9 s per sample in the audit)."""
     t0 = time.thread_time()  # this thread drives the sample (run_program reads its output here)
-    r = run_program(PACED, SandboxLimits(wall_s=60.0, cpu_s=60), [[200_000, fd]], "f")
+    r = run_program(PACED, SandboxLimits(wall_s=60.0, cpu_s=60), [[20_000, fd]], "f")
     cpu = time.thread_time() - t0
-    assert r.status == "ok" and r.calls == ({"value": 200_000},), r
-    assert cpu < 0.25, cpu
+    assert r.status == "ok" and r.calls == ({"value": 20_000},), r
+    assert cpu < 0.2, cpu
 
 
 # -- item 3: uids that cannot repeat
