@@ -26,7 +26,14 @@ Layers beside the namespaces (each probed; ``Isolation.missing`` names the ones 
   equal share per sample, whatever it forks or ``setsid()``s). ``memory`` failures are read from its OOM counter.
 - ``seccomp`` (``sandbox_seccomp.py``): no new namespaces, keyrings, exotic socket families, ptrace, bpf, ...
 - ``uids`` (``sandbox_uids.py``): as root, each sample runs as a uid never used before on this machine
-  (reserved under a file lock), so keyrings and RLIMIT_NPROC are never shared across samples or runs.
+  (one machine-wide counter, written atomically under a file lock; blocks held by a live process or a key
+  skipped), so keyrings and RLIMIT_NPROC are never shared across samples or runs.
+
+Classes come from what the supervising side observed (its clocks, the cgroup's memory and CPU counters, the
+exit status of the server, which the runner owns), never from a message or a signal the program can send
+itself. The runner's and this process's work per sample is bounded whatever the program writes (a fixed
+number of control messages, paced reads of every stream). A failure of the sandbox itself raises
+``SandboxBroken`` (naming what broke): a run stops rather than train on zeros.
 
 Every level: RLIMIT_CPU (``cpu_s``, per process), RLIMIT_NOFILE (``nofile``), RLIMIT_FSIZE, RLIMIT_NPROC,
 RLIMIT_AS (``memory_bytes``, only without a memory cgroup), no core dumps, no new privileges, a scrubbed
