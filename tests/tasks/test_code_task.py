@@ -214,8 +214,8 @@ def test_taskconfig_default_keeps_other_tasks_untouched():
 def test_layers_report_what_the_machine_lacks(monkeypatch):
     """The probe itself: with no cgroup hierarchy and no libseccomp, both layers are reported missing with
     the reason, and the task built on that probe refuses (the refusal is tested above)."""
-    import prorl_bench.tasks.sandbox as sandbox
-    import prorl_bench.tasks.sandbox_cgroup as sandbox_cgroup
+    import prorl_bench.tasks.sandbox.cgroup as sandbox_cgroup
+    import prorl_bench.tasks.sandbox.host as sandbox
 
     monkeypatch.setattr(sandbox_cgroup, "_mounts", lambda: [])
     assert sandbox_cgroup.find_layout() == (None, "no cgroup2 mount; cgroup v1: no memory hierarchy")

@@ -1,4 +1,4 @@
-"""The cgroup layer's files (prorl_bench/tasks/sandbox_cgroup.py) on a fake cgroup tree: which hierarchy is
+"""The cgroup layer's files (prorl_bench/tasks/sandbox/cgroup.py) on a fake cgroup tree: which hierarchy is
 chosen, what a sample's group is given, how its memory-limit counters are read. The real v1 hierarchy is
 exercised by tests/tasks/test_sandbox_v3.py; cgroup v2 is only checked here (this project's VMs have no v2
 controllers)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import prorl_bench.tasks.sandbox_cgroup as cg
+import prorl_bench.tasks.sandbox.cgroup as cg
 
 
 def fake(monkeypatch, tmp_path, mounts, own):

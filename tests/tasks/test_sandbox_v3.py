@@ -20,7 +20,7 @@ from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.run.evaluation import score_details
 from prorl_bench.tasks.code_task import CodeProblem, CodeTask
 from prorl_bench.tasks.sandbox import SandboxLimits, isolation, layers, run_program
-from prorl_bench.tasks.sandbox_uids import UIDS
+from prorl_bench.tasks.sandbox.uids import UIDS
 
 ISO = isolation()
 pytestmark = pytest.mark.skipif(

@@ -1,6 +1,7 @@
 """Issue 46, one hostile test per attack: a sample pays for its own CPU, its fate is observed (never
 reported), uids cannot repeat, a broken sandbox stops the run, nothing is left behind or reached. Each test
-marked ``old: fails`` failed on the code before issue 46 (062a1f0), run with this file.
+marked ``old: fails`` failed on the code before issue 46 (062a1f0), run with this file (with the module
+paths of its flat layout: ``sandbox_uids``, ``sandbox.SampleCgroup``; SandboxBroken read as SandboxError).
 
 Needs isolation ``full`` with every layer (root, util-linux unshare, a cgroup hierarchy with the memory,
 pids, cpu (and v1: cpuacct) controllers, libseccomp): skipped with the reason otherwise; the uid-counter
@@ -20,14 +21,15 @@ from pathlib import Path
 import pytest
 
 import prorl_bench.tasks.sandbox as sandbox
-import prorl_bench.tasks.sandbox_uids as uids
+import prorl_bench.tasks.sandbox.harness as harness
+import prorl_bench.tasks.sandbox.uids as uids
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.run.evaluation import score_details
 from prorl_bench.tasks.code_task import CodeProblem, CodeTask
-from prorl_bench.tasks.sandbox import SandboxError, SandboxLimits, isolation, layers, run_program
+from prorl_bench.tasks.sandbox import SandboxLimits, isolation, layers, run_program
+from prorl_bench.tasks.sandbox.cgroup import SampleCgroup
 
-# SandboxBroken is new in issue 46; on the old code this file still runs (its tests then fail on behaviour)
-SandboxBroken = getattr(sandbox, "SandboxBroken", SandboxError)
+SandboxBroken = sandbox.SandboxBroken
 ISO = isolation()
 FULL = ISO.level == "full" and not ISO.missing
 needs_full = pytest.mark.skipif(not FULL, reason=f"needs sandbox isolation 'full' with every layer: {ISO}")
@@ -83,7 +85,7 @@ def test_a_cgroup_that_cannot_be_made_stops_the_run(monkeypatch):
     def refuse(self, memory_bytes: int, pids: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", self.name)  # v1: the kernel's memcg id limit
 
-    monkeypatch.setattr(sandbox.SampleCgroup, "create", refuse)
+    monkeypatch.setattr(SampleCgroup, "create", refuse)
     with pytest.raises(SandboxBroken, match="cgroup"):
         task.score_many([fenced(GCD)], [gcd_problem(task)])
 
@@ -96,7 +98,7 @@ def test_a_corrupt_uid_counter_stops_the_run(monkeypatch, tmp_path, content):
     (tmp_path / "sandbox_uids").write_text(content)
     monkeypatch.setenv("PRORL_BENCH_SANDBOX_STATE", str(tmp_path))
     monkeypatch.setattr(uids, "DEFAULT_STATE", tmp_path, raising=False)
-    monkeypatch.setattr(sandbox, "UIDS", uids.UidPool())  # a fresh process's pool: it must read the counter
+    monkeypatch.setattr(harness, "UIDS", uids.UidPool())  # a fresh process's pool: it must read the counter
     task = make_task()
     with pytest.raises(SandboxBroken, match="sandbox_uids"):
         task.score_many([fenced(GCD)], [gcd_problem(task)])
@@ -107,7 +109,7 @@ def test_a_seccomp_filter_that_cannot_be_loaded_stops_the_run(monkeypatch):
     """old: fails (the server's set-up failure was the sample's ``exception``, reward 0)."""
     real = layers()
     bad = sandbox.Layers(real.cgroup, b"\x00" * 8, real.missing)  # one instruction, no return: EINVAL
-    monkeypatch.setattr(sandbox, "layers", lambda: bad)
+    monkeypatch.setattr(harness, "layers", lambda: bad)
     task = make_task()
     with pytest.raises(SandboxBroken, match="could not be set up.*PR_SET_SECCOMP"):
         task.score_many([fenced(GCD)], [gcd_problem(task)])
@@ -329,7 +331,7 @@ def test_a_block_with_a_live_process_is_skipped(monkeypatch, tmp_path):
 HOLD = """
 import os, sys
 from pathlib import Path
-import prorl_bench.tasks.sandbox_uids as u
+import prorl_bench.tasks.sandbox.uids as u
 u.DEFAULT_STATE = Path(sys.argv[1])  # the machine-wide default, for this test: a temporary directory
 try:
     print(u.UIDS.take(200000), flush=True)
@@ -445,3 +447,23 @@ def test_samples_leave_no_memory_cgroup_behind():
 def test_the_default_counter_location_is_documented():
     text = (Path(__file__).resolve().parents[2] / "docs" / "code_task.md").read_text()
     assert str(uids.DEFAULT_STATE) in text and "PRORL_BENCH_SANDBOX_STATE" in text and "counters/" in text
+
+
+def test_the_sandbox_package_is_small_modules_of_short_functions():
+    """Issue 44: ``tasks/sandbox/`` is a package, every module <= 400 lines, every function <= 80."""
+    import ast
+
+    pkg = Path(sandbox.__file__).parent
+    lengths, sizes = {}, {}
+    for path in sorted(pkg.glob("*.py")):
+        source = path.read_text()
+        sizes[path.name] = source.count("\n")
+        lengths |= {
+            f"{path.stem}.{node.name}": node.end_lineno - node.lineno + 1
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+    assert {"harness.py", "runner.py", "cgroup.py", "seccomp.py", "uids.py"} <= set(sizes)
+    assert max(sizes.values()) <= 400, sizes
+    longest = max(lengths, key=lengths.get)
+    assert lengths[longest] <= 80, f"{longest} is {lengths[longest]} lines"

@@ -1,5 +1,5 @@
-"""The trusted runner of one sandbox sample (run as ``python -I -S -c <sandbox_seccomp.py + this file's text>``;
-no project imports).
+"""The trusted runner of one sandbox sample (run as ``python -I -S -c <seccomp.py + runner_fs.py + this
+file's text>``; no project imports).
 
 It is the first process of the sample (PID 1 of the sample's pid namespace when namespaces are in force) and
 never executes the untrusted program itself. It reads its job (program source, entry point, argument lists,
@@ -28,110 +28,17 @@ reads the counters; the program cannot write them).
 
 import _json  # the C half of json: json itself (and the re module it imports) costs ~13 ms CPU per sample
 import _socket
-import ctypes
 import marshal
 import os
-import resource
 import select
-import signal
 import sys
 import time
 
 RESULT_FD = -1  # set from argv: the write end of the harness's result pipe
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE = 1, 2, 4, 8, 32, 4096, 8192
-PR_SET_NO_NEW_PRIVS = 38
 EXIT_SYNTAX, EXIT_EXCEPTION, EXIT_SETUP = 91, 92, 94
 RUNNER_FAILED = 90  # the runner's exit code when the sandbox could not be set up (the harness raises)
-CPU_SLACK_S = 0.05  # CPU a process may use before it joins the sample's cgroup (uncounted there)
 READ_BURST, READ_PACE_S, READ_CAP = 64, 0.02, 4096  # reads of one call's result pipe: see CallPipe
-_libc = ctypes.CDLL(None, use_errno=True)
 _WARM_UP = "def f(a, b=1, *c, **d):\n    for i in range(a):\n        b += [x for x in c if x][i] if c else i\n"
-
-
-def mount(src, dst, fstype, flags, data=None):
-    enc = [None if s is None else s.encode() for s in (src, dst, fstype, data)]
-    if _libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {src} -> {dst} ({fstype}): {os.strerror(err)}")
-
-
-def bind(root, path, readonly=True):
-    """Bind-mount host ``path`` (dir or file) at the same place under ``root``, read-only, nosuid."""
-    target = root + path
-    if os.path.isdir(path):
-        os.makedirs(target, mode=0o755, exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-        open(target, "a").close()
-    mount(path, target, None, MS_BIND)
-    if readonly:
-        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-
-
-def build_root(root, job):
-    """The sample's filesystem: a read-only tmpfs holding read-only binds of what Python needs, fresh tmpfs
-    /tmp and /dev/shm, a few device nodes, a fresh /proc; then the root moves there (the host's is unreachable)."""
-    size = job["tmpfs_bytes"]
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
-    for top in job["system"]:  # /usr, /bin -> usr/bin links (merged /usr), /lib64 ...
-        if os.path.islink(top):
-            os.symlink(os.readlink(top), root + top)
-        elif os.path.isdir(top):
-            bind(root, top)
-    for path in job["binds"]:  # the interpreter's own prefix (stdlib), ld.so.cache
-        if os.path.exists(path) and not os.path.exists(root + path):
-            bind(root, path)
-    for dev in ("null", "zero", "random", "urandom"):
-        bind(root, "/dev/" + dev, readonly=False)  # device nodes: writing them is not writing a file
-    for d in ("/tmp", "/dev/shm"):
-        os.makedirs(root + d, exist_ok=True)
-        mount("tmpfs", root + d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes=1024,mode=1777")
-    os.makedirs(root + "/proc", exist_ok=True)
-    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for path in job["hide"]:  # project files that fall inside a bound tree (e.g. a package installed in /usr)
-        if os.path.isdir(root + path):
-            mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
-        elif os.path.exists(root + path):
-            mount("/dev/null", root + path, None, MS_BIND)
-    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.chdir(root)
-    mount(root, "/", None, MS_MOVE)
-    os.chroot(".")
-    os.chdir("/")
-
-
-def drop_privileges(job, keep):
-    """In the server, before the program: limits, no new privileges, the sample's uid, the seccomp filter,
-    no inherited descriptor but ``keep``."""
-    lo = 3
-    for fd in sorted(keep) + [65536]:
-        os.closerange(lo, fd)
-        lo = fd + 1
-    fd = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.close(fd)
-    if job["mode"] == "rlimits":
-        os.setpgid(0, 0)  # no pid namespace: the runner kills the server's process group afterwards
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # setuid binaries give nothing
-    uid = job["uid"]
-    if uid >= 0 and os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    cpu = job["cpu_s"]
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # per process: each call's copy starts at zero
-    if job["rlimit_as"]:  # only without a memory cgroup: then the sole bound, per process
-        resource.setrlimit(resource.RLIMIT_AS, (job["rlimit_as"], job["rlimit_as"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize_bytes"], job["fsize_bytes"]))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (job["nofile"], job["nofile"]))
-    try:
-        resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"], job["nproc"]))
-    except (ValueError, OSError):
-        pass
-    if job["seccomp"]:
-        install_seccomp_bpf(job["seccomp"])  # noqa: F821 (defined by sandbox_seccomp.py, prepended)
-    os.chdir("/tmp" if job["mode"] == "full" else job["workdir"])
 
 
 def write_all(fd, data):
@@ -149,7 +56,7 @@ def server(job, cg, ctl):
     try:  # the sandbox's own set-up (no program code has run): a failure here is the sandbox's, not the sample's
         for fd in cg["procs"]:
             os.write(fd, b"0")  # join the sample's cgroup (as root, before the uid drops)
-        drop_privileges(job, [ctl.fileno()])
+        drop_privileges(job, [ctl.fileno()])  # noqa: F821 (runner_fs.py, prepended)
     except BaseException as e:
         say(f"sandbox: the sample's server could not be set up: {type(e).__name__}: {e}")
         os._exit(EXIT_SETUP)
@@ -242,127 +149,6 @@ def _flush():
             f.flush()
         except BaseException:
             pass
-
-
-def _state(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return b"X"
-
-
-def reap(srv):
-    """Reap every exited child without blocking; record the server's status if it is among them."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
-        if pid == 0:
-            return
-        if srv is not None and pid == srv["pid"]:
-            srv["status"] = status
-
-
-def kill_others(srv, patience=5.0):
-    """Mode full: kill every process of the sample but the server (this runner is PID 1: /proc is the
-    sample's) and wait until each has died (a pidfd turns readable); rescan for processes forked meanwhile.
-    False if they keep appearing for ``patience`` seconds (then the caller kills the server too)."""
-    deadline = time.monotonic() + patience
-    while True:
-        victims = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in (1, srv["pid"])]
-        victims = [p for p in victims if _state(p) not in (b"Z", b"X")]
-        reap(srv)
-        if not victims:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        poller, fds = select.poll(), []
-        for p in victims:
-            try:
-                fd = os.pidfd_open(p)
-            except OSError:
-                continue  # already gone
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)  # by pidfd: never a recycled pid
-            except OSError:
-                pass
-            fds.append(fd)
-            poller.register(fd, select.POLLIN)
-        waiting = len(fds)
-        while waiting:  # a killed process still unmaps its memory: wait for it rather than spin
-            left = deadline - time.monotonic()
-            events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
-            if not events:
-                break
-            for fd, _ in events:
-                poller.unregister(fd)
-                waiting -= 1
-        for fd in fds:
-            os.close(fd)
-
-
-def kill_all(job, srv):
-    """Kill every process of the sample and reap them (pid namespace: all of them)."""
-    if job["mode"] == "rlimits":
-        if srv is not None:
-            try:
-                os.killpg(srv["pid"], signal.SIGKILL)
-            except OSError:
-                pass
-    else:
-        try:
-            os.kill(-1, signal.SIGKILL)  # as PID 1 of the namespace: everyone else in it
-        except OSError:
-            pass
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        except InterruptedError:
-            continue
-        if srv is not None and pid == srv["pid"]:
-            srv["status"] = status
-    if srv is not None:
-        srv["sock"].close()
-        os.close(srv["pidfd"])
-
-
-def _counter(fd, key):
-    try:
-        text = os.pread(fd, 4096, 0).decode()
-    except OSError:
-        return 0
-    if not key:
-        return int(text.strip() or 0)
-    for line in text.splitlines():
-        k, _, value = line.partition(" ")
-        if k == key:
-            return int(value)
-    return 0
-
-
-def observe(cg):
-    """(memory-limit hits, CPU seconds) of the sample's cgroup so far: OOM kills + refused charges, and
-    the CPU every process of the sample used (0, 0 without a cgroup). The program cannot write either."""
-    hits = sum(_counter(fd, key) for fd, key in cg["counters"])
-    cpu = sum(_counter(fd, key) * scale for fd, key, scale in cg["cpu"])
-    return hits, cpu
-
-
-def observed(job, cg, before):
-    """What the runner saw of a phase that began at ``before`` (``observe``): ``oom`` 1 if the sample hit
-    its memory limit, ``cpu`` 1 if its processes used ``cpu_s`` of CPU (what RLIMIT_CPU's signals mean)."""
-    hits, cpu = observe(cg)
-    return {"oom": int(hits > before[0]), "cpu": int(bool(cg["cpu"]) and cpu - before[1] >= job["cpu_s"] - CPU_SLACK_S)}
-
-
-def exit_info(status):
-    return {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"code": os.WEXITSTATUS(status)}
 
 
 def start_server(job, cg):
@@ -546,7 +332,7 @@ def main():
         job = marshal.loads(f.read())  # written by the harness (trusted), like this runner's source
     cg = open_cgroup(job)
     if job["mode"] == "full":
-        build_root(job["workdir"], job)
+        build_root(job["workdir"], job)  # noqa: F821 (runner_fs.py, prepended)
     # The first compile() of a process builds the compiler's state (~3 ms CPU): done once here, inherited by
     # the server. (The program itself is compiled only in the server: it is untrusted input.)
     compile(_WARM_UP, "<warm-up>", "exec")

@@ -28,7 +28,7 @@ import sys
 import threading
 from pathlib import Path
 
-from prorl_bench.tasks.sandbox_errors import SandboxBroken
+from prorl_bench.tasks.sandbox.errors import SandboxBroken
 
 BLOCK = 1024  # uids per reservation
 UID_MAX = 2**31 - 2  # the largest uid handed out (the kernel's (uid_t)-1 is "no change")

@@ -5,7 +5,7 @@ cgroup v2 is used where this process's cgroup delegates the ``memory``, ``pids``
 its children; cgroup v1 otherwise (a hierarchy per controller). A sample's group is made beside nowhere
 else: under this process's own group of each hierarchy, so whatever limits the machine puts on the trainer
 also bound its samples. The group's name holds this process's pid and the sample's uid (unique: see
-``sandbox_uids``), so no lock is needed; groups left by a process that died are removed by the next one.
+``uids.py``), so no lock is needed; groups left by a process that died are removed by the next one.
 
 Its CPU time (v2 ``cpu.stat``, v1 ``cpuacct.usage``) is read by the runner around each phase: a process
 that died of ``SIGXCPU``/``SIGKILL`` is classed ``timeout`` only when the group's CPU shows the limit was
