@@ -30,10 +30,15 @@ Fewer than W evaluations: every plateau key is None.
 
 **Entropy collapse.** The curve is the per-step ``entropy`` of the metrics rows (mean per-token
 entropy of the rollout's samples, nats), non-finite values skipped. Its reference level E0 is the median
-of the first ``COLLAPSE_INIT_STEPS`` (10) finite values. A collapse **event** starts at the first step
-whose entropy is below ``COLLAPSE_ENTER`` x E0 (0.5) while no event is open, and the event closes at the
-first later step whose entropy is at or above ``COLLAPSE_EXIT`` x E0 (0.75): hysteresis, so a curve
-that hovers around one threshold counts once. ``curve/collapse_events`` counts the events (one still open
+of the first ``COLLAPSE_INIT_STEPS`` (10) finite values. After them, each step's level is the median of
+the trailing ``COLLAPSE_SMOOTH`` (25) finite values (the reference window's among them while it is
+that close): a single step's entropy is noisy (at beta 0.5 in the prolonged pilot it swings between 0.30
+and 0.65 around a steady 0.42, which unsmoothed thresholds count as 17 "events"), a collapse is a
+sustained fall. A
+collapse **event** starts at the first step whose level is below ``COLLAPSE_ENTER`` x E0 (0.5) while no
+event is open, and the event closes at the first later step whose level is at or above
+``COLLAPSE_EXIT`` x E0 (0.75): hysteresis, so a curve that hovers around one threshold counts once.
+``curve/collapse_events`` counts the events (one still open
 at the end included), ``curve/first_collapse_step`` is the step the first one starts (None without one),
 ``curve/entropy_ref`` is E0. Fewer than ``COLLAPSE_INIT_STEPS + 1`` finite values, or E0 <= 0: all
 three are None (no reference level to fall from).
@@ -57,6 +62,7 @@ PLATEAU_MIN_GAIN = 0.02  # pass@1: a fitted rise across the window below this is
 COLLAPSE_INIT_STEPS = 10  # steps whose median entropy is the reference level E0
 COLLAPSE_ENTER = 0.5  # an event starts below this fraction of E0
 COLLAPSE_EXIT = 0.75  # ... and closes at or above this fraction of E0 (hysteresis)
+COLLAPSE_SMOOTH = 25  # steps in the trailing median the thresholds apply to (1: the raw per-step values)
 
 PASS1 = "val/pass@1"
 PASS1_FALLBACK = "val/success_sampled"  # the same number (mean success of all samples); present in every row
@@ -155,12 +161,13 @@ def collapse_events(
     init_steps: int = COLLAPSE_INIT_STEPS,
     enter: float = COLLAPSE_ENTER,
     leave: float = COLLAPSE_EXIT,
+    smooth: int = COLLAPSE_SMOOTH,
 ) -> dict[str, Any]:
     """Entropy-collapse events with hysteresis (module docstring): count, first start step, E0."""
     if not 0 < enter < leave:
         raise ValueError(f"collapse_events: need 0 < enter ({enter}) < leave ({leave})")
-    if init_steps < 1:
-        raise ValueError(f"collapse_events: init_steps={init_steps} must be >= 1")
+    if init_steps < 1 or smooth < 1:
+        raise ValueError(f"collapse_events: init_steps={init_steps} and smooth={smooth} must be >= 1")
     if len(steps) != len(entropy):
         raise ValueError(f"collapse_events: {len(steps)} steps but {len(entropy)} values")
     _check_steps(steps, "collapse_events")
@@ -168,19 +175,25 @@ def collapse_events(
     none = {"collapse_events": None, "first_collapse_step": None, "entropy_ref": None}
     if len(pts) <= init_steps:
         return none
-    head = sorted(e for _, e in pts[:init_steps])
-    mid = len(head) // 2
-    e0 = head[mid] if len(head) % 2 else (head[mid - 1] + head[mid]) / 2
+    e0 = _median([e for _, e in pts[:init_steps]])
     if e0 <= 0:
         return none
     events, first, open_ = 0, None, False
-    for s, e in pts[init_steps:]:
+    values = [v for _, v in pts]
+    for i in range(init_steps, len(pts)):
+        s, e = pts[i][0], _median(values[max(0, i - smooth + 1) : i + 1])
         if not open_ and e < enter * e0:
             events, open_ = events + 1, True
             first = s if first is None else first
         elif open_ and e >= leave * e0:
             open_ = False
     return {"collapse_events": events, "first_collapse_step": first, "entropy_ref": e0}
+
+
+def _median(values: Sequence[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def held_out_auc(steps: Sequence[float], values: Sequence[float]) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -95,27 +96,44 @@ def test_collapse_events_count_with_hysteresis():
     # 13 enters (0.45), 14-16 stay open (0.49, 0.7, 0.74 < 0.75), 17 closes (0.8); 18 enters (0.3),
     # 20 closes (0.76); 21 enters (0.4) and stays open to the end: 3 events, the first at step 13
     ent = [1.0] * 10 + [0.9, 0.6, 0.45, 0.49, 0.7, 0.74, 0.8, 0.3, 0.2, 0.76, 0.4] + [0.3] * 19
-    c = cr.collapse_events(list(range(1, 41)), ent)
+    c = cr.collapse_events(list(range(1, 41)), ent, smooth=1)
     assert c == {"collapse_events": 3, "first_collapse_step": 13, "entropy_ref": 1.0}
 
 
 def test_hovering_at_the_threshold_is_one_event():
     # 0.45 / 0.55 alternate around 0.5 x E0 but never reach 0.75 x E0: one open event, not five
-    c = cr.collapse_events(list(range(1, 21)), [1.0] * 10 + [0.45, 0.55] * 5)
+    c = cr.collapse_events(list(range(1, 21)), [1.0] * 10 + [0.45, 0.55] * 5, smooth=1)
     assert c["collapse_events"] == 1 and c["first_collapse_step"] == 11
+
+
+def test_the_thresholds_read_a_trailing_median_not_single_steps():
+    # E0 = 1.0; steps 11-70 cycle 0.55 / 0.3 / 0.8 (every third step below 0.5 x E0, every third at or above
+    # 0.75 x E0): raw values open and close an event each cycle (20), the trailing median of 25 is 0.55 or
+    # more throughout (no collapse). From step 71 on a sustained 0.1: the window of step 71 + j holds j + 1
+    # of them and 24 - j cycle values, among them the 0.3s of steps 48, 51, ..., 69 still inside; the median
+    # (13th smallest) is <= 0.3 once (j + 1) + #0.3s >= 13: j = 0..5 give 9, 10, 10, 11, 12, 12; j = 6 gives
+    # 7 + 6 = 13: the event starts at step 77
+    ent = [1.0] * 10 + [0.55, 0.3, 0.8] * 20 + [0.1] * 40
+    steps = list(range(1, 111))
+    assert cr.collapse_events(steps[:70], ent[:70], smooth=1)["collapse_events"] == 20
+    assert cr.collapse_events(steps[:70], ent[:70])["collapse_events"] == 0
+    first = next(s for i, s in enumerate(steps) if i >= 10 and statistics.median(ent[max(0, i - 24) : i + 1]) < 0.5)
+    assert first == 77  # the enumeration agrees with the count above
+    c = cr.collapse_events(steps, ent)
+    assert c["collapse_events"] == 1 and c["first_collapse_step"] == first
 
 
 def test_collapse_reference_is_the_median_and_no_collapse_means_zero():
     steps = list(range(1, 31))
     head = [2.0, 0.1, 2.4, 1.8, 9.0, 2.2, 2.1, 1.9, 1.6, 2.3]  # median (2.0 + 2.1) / 2 (outliers ignored)
-    c = cr.collapse_events(steps, head + [1.1] * 20)  # above 0.5 x E0 = 1.025: no event
+    c = cr.collapse_events(steps, head + [1.1] * 20, smooth=1)  # above 0.5 x E0 = 1.025: no event
     assert c == {"collapse_events": 0, "first_collapse_step": None, "entropy_ref": pytest.approx(2.05)}
-    c = cr.collapse_events(steps, head + [0.99] + [None, float("nan")] * 9 + [0.5])  # gaps skipped
+    c = cr.collapse_events(steps, head + [0.99] + [None, float("nan")] * 9 + [0.5], smooth=1)  # gaps skipped
     assert c["collapse_events"] == 1 and c["first_collapse_step"] == 11
 
 
 def test_collapse_reference_of_an_odd_window_is_its_middle_value():
-    c = cr.collapse_events(list(range(1, 8)), [0.1, 3.0, 2.0, 9.0, 1.0, 0.9, 0.95], init_steps=5)
+    c = cr.collapse_events(list(range(1, 8)), [0.1, 3.0, 2.0, 9.0, 1.0, 0.9, 0.95], init_steps=5, smooth=1)
     assert c["entropy_ref"] == 2.0 and c["collapse_events"] == 1 and c["first_collapse_step"] == 6
 
 
@@ -137,7 +155,8 @@ def test_curve_summary_reads_pass1_and_entropy_rows():
     hist = [{"step": s, "entropy": 1.0 if s <= 20 else 0.2} for s in range(1, 41)]
     out = cr.curve_summary(hist, val)
     assert out["curve/steps_to_plateau"] == 160 and out["curve/plateaued"] is True
-    assert out["curve/collapse_events"] == 1 and out["curve/first_collapse_step"] == 21
+    # the trailing median of 25 first drops below 0.5 at step 33: steps 9-33, 13 of its 25 values are 0.2
+    assert out["curve/collapse_events"] == 1 and out["curve/first_collapse_step"] == 33
     assert out["curve/val_pass1_auc"] == pytest.approx((120 * (0.1 + 0.7) / 2 + 180 * 0.7) / 300)  # 0.58
     with pytest.raises(KeyError, match="val/pass@1"):
         cr.pass1({"step": 5})
