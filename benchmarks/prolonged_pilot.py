@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +80,9 @@ def report(out: Path, json_path: Path, figure: Path) -> None:
                 "curve": [[v["step"], v["val/pass@1"]] for v in val],
                 "resets": [r["step"] for r in history if r.get("reset")],
                 "ms_per_step": 1000 * sum(r["time/step"] for r in history) / len(history),
+                "ms_per_step_median": 1000 * statistics.median(r["time/step"] - r.get("time/eval", 0.0)
+                                                               for r in history),
+                "eval_s_median": statistics.median(r["time/eval"] for r in history if r.get("time/eval")),
                 **{k: curve[k] for k in ("curve/plateaued", "curve/steps_to_plateau", "curve/slope_last",
                                          "curve/collapse_events", "curve/val_pass1_auc")},
                 "provenance": summary.get("provenance", {}).get("bench", {}),
@@ -127,9 +131,29 @@ def markdown(json_path: Path) -> str:
         plat = f"yes ({r['curve/steps_to_plateau']})" if r["curve/plateaued"] else "no"
         if not r["curve/plateaued"] and r["curve/steps_to_plateau"] is not None:
             plat = f"no (first at {r['curve/steps_to_plateau']})"
+        slope = 1000 * r["curve/slope_last"]
         lines.append(f"| {r['arm']} | {r['seed']} | {cells} | {r['curve/val_pass1_auc']:.3f} | {plat} | "
-                     f"{1000 * r['curve/slope_last']:+.3f} | {r['curve/collapse_events']} | {r['ms_per_step']:.0f} |")  # fmt: skip
-    return "\n".join(lines)
+                     f"{slope:+.3f} | {r['curve/collapse_events']} | {r['ms_per_step']:.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n\n" + budget(data)
+
+
+STUDY_RUNS_PER_BLOCK = {"prolonged": 8 * 8, "prolonged_low": 3 * 8}  # arms x seeds (sweeps/sweep/prolonged*.yaml)
+
+
+def budget(data: dict) -> str:
+    """The study's budget from the pilot's measured costs: runs x steps x ms, evaluations, 2 jobs at a time."""
+    ms = statistics.median(r["ms_per_step_median"] for r in data["runs"])
+    ev = statistics.median(r["eval_s_median"] for r in data["runs"])
+    steps, evals = 1500, 1500 // 100 - 1  # regular evaluations between the two endpoints
+    per_run = steps * ms / 1000 + evals * ev
+    runs = sum(STUDY_RUNS_PER_BLOCK.values())
+    hours = 2 * runs * per_run / 2 / 3600
+    return (f"Budget (from the pilot's medians over its {len(data['runs'])} runs: {ms:.0f} ms per RL step without "
+            f"evaluation, {ev:.1f} s per regular evaluation): {runs} runs per block "
+            f"({', '.join(f'{k} {v}' for k, v in STUDY_RUNS_PER_BLOCK.items())}) x ({steps} steps x {ms:.0f} ms + "
+            f"{evals} evaluations x {ev:.1f} s) = {runs * per_run / 3600:.1f} h of one core per block, "
+            f"{hours:.1f} h for both blocks two jobs at a time, before the two 256-sample endpoint evaluations "
+            f"per run.")  # fmt: skip
 
 
 def main() -> None:
