@@ -113,6 +113,9 @@ def options_text() -> str:
 def _effective(root: Any) -> tuple[Any, str | None]:
     """The composed config of this command line (regime and overrides applied), each option's section
     completed with its parameters; (None, the error) when it does not validate."""
+    from prorl_bench.cli.option_code import load_option_code
+
+    load_option_code()  # validated as the run validates it
     node = OmegaConf.to_container(root, resolve=False)
     node.pop("hydra", None)
     cfg = OmegaConf.create(node)

@@ -18,10 +18,10 @@ class ResetConfig:
     """Reference-reset trigger (variant C). ``min_spacing``: no two resets closer than this (steps).
 
     The trigger's own parameters are flat keys of this section (``reset.every`` for periodic,
-    ``reset.kl_threshold`` for kl_spike): each trigger registers a dataclass of them (rl/resets.py);
+    ``reset.kl_threshold`` for kl_spike): each trigger declares a dataclass of them (builtin_options.py);
     ``params`` holds its checked instance (``config/options.py`` moves the keys there)."""
 
-    trigger: str = "none"  # a registered trigger (registry.RESET_TRIGGERS; resets.py has the built-ins)
+    trigger: str = "none"  # a registered trigger (registry.RESET_TRIGGERS; builtin_options.py declares the built-ins)
     # held-out metric fed to the trigger (stall) and to growth.on_stall: success_greedy | success_sampled | reward_mean
     metric: StallMetric = StallMetric.success_greedy
     # what a reset does, whatever triggers it: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref.
@@ -35,7 +35,9 @@ class ResetConfig:
         _require(self.min_spacing >= 0, "reset.min_spacing", self.min_spacing, ">= 0")
         _require(self.alpha is None or 0 < self.alpha <= 1, "reset.alpha", self.alpha, "null or in (0, 1]")
         self.params = bind_params(registry.RESET_TRIGGERS, self.trigger, self.params)
-        registry.RESET_TRIGGERS[self.trigger].validate(self)  # the trigger's own requirements
+        validate = registry.RESET_TRIGGERS.hook(self.trigger, "validate")  # the trigger's own requirements
+        if validate is not None:
+            validate(self)
 
 
 @dataclass
@@ -44,10 +46,10 @@ class OptResetConfig:
 
     ``rewarmup_steps`` > 0 ramps the LR linearly from lr/N back to lr over N steps after a reset.
     The transform's own parameters are flat keys of this section (``opt_reset.factor`` for soft,
-    ``opt_reset.m_factor``/``v_factor`` for asym; rl/opt_state.py); ``params`` holds their instance.
+    ``opt_reset.m_factor``/``v_factor`` for asym; builtin_options.py); ``params`` holds their instance.
     """
 
-    kind: str = "keep"  # a registered transform (registry.OPT_TRANSFORMS; opt_state.py has the built-ins)
+    kind: str = "keep"  # a registered transform (registry.OPT_TRANSFORMS; builtin_options.py has the built-ins)
     step: StepPolicy = StepPolicy.keep  # keep | reset AdamW's step counter (bias correction) at a reset
     rewarmup_steps: int = 0  # after a reset ramp the LR from lr/N back to lr over N steps (0 = off)
     params: Any = None  # the transform's parameters (its dataclass instance; flat keys opt_reset.<name>)
