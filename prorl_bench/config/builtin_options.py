@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from prorl_bench.config.enums import K2Mode, KLPlacement, StepPolicy
+from prorl_bench.config.enums import GrowthKind, K2Mode, KLPlacement, ResetSource, StepPolicy
 from prorl_bench.registry import (
     ADVANTAGES,
     DETECTORS,
@@ -355,8 +355,7 @@ def warn_step_counter_hazard(cfg: Any) -> None:
     options declare: the transform's factors and step policy, the trigger's ``period``."""
     o, r = cfg.opt_reset, cfg.reset
     _, v_scale, reset_step = transform_factors(o)  # once, at config time
-    period_of = RESET_TRIGGERS.hook(r.trigger, "period")
-    period = None if period_of is None else period_of(r)
+    period = _period(r)
     frequent = period is not None and period <= FREQUENT_RESETS
     if cfg.variant.resets and v_scale < 1.0 and not reset_step and frequent:
         warnings.warn(
@@ -364,6 +363,41 @@ def warn_step_counter_hazard(cfg: Any) -> None:
             f"resets come every {period} steps: the effective step size ratchets up at each reset (measured: "
             "learning collapses). Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
             StepCounterHazardWarning,
+            stacklevel=4,
+        )
+
+
+def _period(reset: Any) -> int | None:
+    """The selected trigger's ``period`` (steps between clocked resets), None when it declares none."""
+    period_of = RESET_TRIGGERS.hook(reset.trigger, "period")
+    return None if period_of is None else period_of(reset)
+
+
+class ResetSourceWarning(UserWarning):
+    """reset.source=best with resets that come before the first held-out evaluation."""
+
+
+@config_check
+def check_reset_source(cfg: Any) -> None:
+    """``reset.source=best`` (rl/best.py) keeps a snapshot of the trainable parameters, which rank growth
+    would reshape (refused); a clocked trigger firing before the first regular evaluation
+    (``eval_every``) makes the first resets fall back to the current policy (warned)."""
+    r = cfg.reset
+    if r.source != ResetSource.best or r.trigger == "none":
+        return
+    require(
+        cfg.growth.kind == GrowthKind.none,
+        "reset.source",
+        r.source.value,
+        "'current' with growth=rank (the best snapshot holds the adapters at the rank of its evaluation)",
+    )
+    period = _period(r)
+    if period is not None and period < cfg.eval_every:
+        warnings.warn(
+            f"reset.source=best: reset.trigger={r.trigger} resets every {period} steps but the first held-out "
+            f"evaluation is at step eval_every={cfg.eval_every}: resets before it copy the current policy "
+            "(their events say source=current with source_reason). Evaluate at least as often as you reset.",
+            ResetSourceWarning,
             stacklevel=4,
         )
 

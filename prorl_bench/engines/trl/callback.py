@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from prorl_bench.config import OptResetConfig, ResetConfig, StepPolicy
+from prorl_bench.config import OptResetConfig, ResetConfig, ResetSource, StepPolicy
 from prorl_bench.config.options import split_section
 from prorl_bench.engines.trl.config_map import REFERENCE_ADAPTER
 from prorl_bench.registry import OPT_TRANSFORMS
@@ -125,6 +125,11 @@ class ReferenceResetCallback(TrainerCallback):
         self.trainer = trainer
         self.reset_cfg: ResetConfig = _as_config(ResetConfig, reset or {"trigger": "periodic"})
         self.opt_cfg: OptResetConfig = _as_config(OptResetConfig, opt_reset)
+        if ResetSource(self.reset_cfg.source) != ResetSource.current:  # config_map refuses it for engine=trl too
+            raise ValueError(
+                f"ReferenceResetCallback: reset.source={ResetSource(self.reset_cfg.source).value} is not supported "
+                "(it resets TRL's reference from the live policy and keeps no snapshot of the best held-out one)"
+            )
         self.schedule = ResetSchedule(self.reset_cfg)
         self.lr = LRSchedule(1.0, lr_warmup_steps)  # a factor on TRL's own schedule (base 1)
         self.lr_warmup_steps = lr_warmup_steps
