@@ -9,7 +9,8 @@ bit-identical to a freshly built optimizer (tested).
 
 The transforms themselves (``opt_reset.kind``: keep, hard, soft, asym) are pure functions of their
 parameters — the factors applied to m and v and whether ``step`` is reset — registered with their
-declarations in ``config/builtin_options.py``; here they are applied to the optimizer's tensors.
+declarations in ``config/builtin_options.py`` (``config/events.py``'s ``transform_factors`` reads them);
+here they are applied to the optimizer's tensors.
 
 Unknown state layouts (another optimizer, amsgrad, fused variants with extra keys) fail loudly.
 """
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from prorl_bench.config import OptResetConfig
-from prorl_bench.config.builtin_options import transform_factors as transform_factors  # re-exported
+from prorl_bench.config.events import transform_factors as transform_factors  # re-exported
 
 ADAMW_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
 

@@ -23,8 +23,8 @@ import torch
 
 from prorl_bench.config import ResetConfig
 from prorl_bench.config.builtin_options import KLSpikeParams, StallParams
-from prorl_bench.config.builtin_options import ResetSourceWarning as ResetSourceWarning  # re-exported
-from prorl_bench.config.builtin_options import StepCounterHazardWarning as StepCounterHazardWarning  # re-exported
+from prorl_bench.config.events import ResetSourceWarning as ResetSourceWarning  # re-exported
+from prorl_bench.config.events import StepCounterHazardWarning as StepCounterHazardWarning  # re-exported
 from prorl_bench.registry import RESET_TRIGGERS
 
 
