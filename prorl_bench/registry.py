@@ -210,7 +210,7 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         _load_installed()
-        return name in self._meta
+        return isinstance(name, str) and name in self._meta  # a list from the command line is no option
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -123,8 +123,7 @@ def symbol_task(
     tag: str,
     prompt_len: Callable[[int], int] | None = None,
     completion_len: Callable[[int], int] | None = None,
-    *,
-    solve: Callable[[str], str],
+    solve: Callable[[str], str] | None = None,
     params: type | None = None,
 ) -> Callable[[Callable[..., tuple[str, str]]], Callable[..., tuple[str, str]]]:
     """Register a generator ``(rng, n) -> (input, target)`` as task ``name``: prompts are
@@ -136,6 +135,8 @@ def symbol_task(
     nothing else is edited. ``params``: a dataclass of the task's parameters (flat keys
     ``task.<name>``); the generator is then called as ``fn(rng, n, params=<instance>)``, bound once
     when the task is built. Its ``--help`` line is the generator's docstring (or the declaration's)."""
+    if solve is None:
+        raise ValueError(f"task {name!r}: solve= states the answer to an input (the tests check the generator by it)")
     if (prompt_len is None) != (completion_len is None):
         raise ValueError(f"task {name!r}: give both prompt_len and completion_len, or neither (declared lengths)")
     own = {} if prompt_len is None else {"lengths": symbol_lengths(prompt_len, completion_len)}
