@@ -12,17 +12,24 @@ config is validated) can register options the package does not ship.
 
 An option that takes parameters registers a small dataclass with it (``params=MyParams``, one per
 option). Its fields are the option's keys, flat in the axis's config section next to the selector
-(``reset.every`` for ``reset.trigger=periodic``; ``opt_reset.factor`` for ``opt_reset.kind=soft``):
-``config/options.py`` moves them out of the section and ``Registry.params`` checks them against the
-dataclass (unknown key with a did-you-mean, types, the dataclass's own ``__post_init__``), once, when
-the config is validated. ``Registry.build(name, params)`` then returns the option with that instance
-bound (``Bound``): no call site passes parameters again and nothing is re-validated in the math.
-Other metadata (``**meta``) states what the rest of the bench needs to know about an option —
-warnings and tests read it, never names.
+(``reset.every`` for ``reset.trigger=periodic``; ``opt_reset.factor`` for ``opt_reset.kind=soft``), and
+their defaults are the values a run uses when the key is not given: ``config/options.py`` moves the
+keys out of the section and ``Registry.params`` checks them against the dataclass (unknown key with a
+did-you-mean, types, the dataclass's own ``__post_init__``), once, when the config is validated.
+``Registry.build(name, params)`` then returns the option with that instance bound (``Bound``): no call
+site passes parameters again and nothing is re-validated in the math. Other metadata (``**meta``)
+states what the rest of the bench needs to know about an option — warnings and tests read it, never
+names.
 
-Registries hold objects only; they import nothing of the bench. ``load_builtins`` imports the
-modules whose options register at import time, then the user's plugin modules (``plugins=[...]``
-and the ``prorl_bench.plugins`` entry-point group; see ``load_plugins``).
+Two halves, one name. What config validation and ``--help`` need — the description, the parameters,
+the facts other checks read — can be *declared* on its own (``Registry.declare``): the built-in
+options are declared in ``config/builtin_options.py``, so validating a config needs neither torch nor
+any layer above config. The code registers under the same name where it lives (``register``; rl/ and
+tasks/ import their option modules in their ``__init__``). A plugin registers both in one call.
+
+Registries hold objects only; they import nothing of the bench, by name or otherwise. Installed
+plugins (the ``prorl_bench.plugins`` entry-point group) load at the first lookup; a user's modules
+named by ``plugins=[...]`` load through ``load_plugins``.
 """
 
 from __future__ import annotations
@@ -41,15 +48,34 @@ class ConfigError(ValueError):
     """A config value is invalid. The message names the key and what is allowed."""
 
 
+class NotImplementedOption(LookupError):
+    """An option is declared (config validation knows it) but no code is registered under its name."""
+
+
 class Registry(Generic[T]):
-    """Name -> object for one config axis (``key`` is the config key it validates, for messages)."""
+    """Name -> option for one config axis (``key`` is the config key it validates, for messages): what
+    each option declares (description, ``params``, metadata) and, once registered, its code."""
 
     def __init__(self, key: str, what: str) -> None:
         self.key = key
         self.what = what
         self.section, self.selector = key.split(".", 1)  # "reset", "trigger": the parameters live in "reset"
-        self._items: dict[str, T] = {}
-        self._meta: dict[str, dict[str, Any]] = {}
+        self._items: dict[str, T] = {}  # name -> code
+        self._meta: dict[str, dict[str, Any]] = {}  # name -> what it declares (every known option)
+        self._doc: dict[str, str] = {}  # name -> one-line description (--help)
+
+    def declare(self, name: str, doc: str, **meta: Any) -> None:
+        """Declare option ``name`` without its code: ``doc``, its one-line description (a whole
+        sentence: ``--help`` prints it), ``params=`` its dataclass, and the metadata other checks read.
+        Its code registers later under the same name (``register``) and may add metadata, never change
+        a declared entry."""
+        self._check_entry(name, meta)
+        if name in self._meta:
+            raise ValueError(f"{self.what} {name!r} is already declared or registered")
+        if not isinstance(doc, str) or not doc.strip() or "\n" in doc:
+            raise ValueError(f"{self.what} {name!r}: doc must be one line, got {doc!r}")
+        self._meta[name] = dict(meta)
+        self._doc[name] = doc
 
     def register(self, name: str, **meta: Any) -> Callable[[T], T]:
         """Decorator: register ``obj`` under ``name`` with optional metadata (read by ``meta``)."""
@@ -61,34 +87,73 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T, **meta: Any) -> None:
-        """Register ``obj`` as ``name``. ``params``: a dataclass of the option's parameters (or None)."""
+        """Register ``obj`` as ``name``'s code. ``params``: a dataclass of the option's parameters (or
+        None). When ``name`` was declared, ``meta`` adds to the declaration (a declared entry given
+        again must be the same object)."""
+        self._check_entry(name, meta)
+        if name in self._items and self._items[name] is not obj:
+            raise ValueError(f"{self.what} {name!r} is already registered ({self._items[name]!r})")
+        declared = {} if name in self._items else self._meta.get(name, {})
+        if meta.get("params") is None and "params" in declared:
+            meta.pop("params", None)  # the code of a declared option need not restate its parameters
+        clash = sorted(k for k in meta if k in declared and meta[k] is not declared[k])
+        if clash:
+            raise ValueError(f"{self.what} {name!r}: {', '.join(clash)} differ from what it declared")
+        self._items[name] = obj
+        self._meta[name] = {**declared, **meta}
+        self._doc.setdefault(name, _first_paragraph(getattr(obj, "__doc__", None)))
+
+    def _check_entry(self, name: str, meta: Mapping[str, Any]) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{self.what} name must be an identifier, got {name!r}")
         if meta.get("params") is not None and not (isinstance(meta["params"], type) and is_dataclass(meta["params"])):
             raise ValueError(f"{self.what} {name!r}: params= must be a dataclass type, got {meta['params']!r}")
-        if name in self._items and self._items[name] is not obj:
-            raise ValueError(f"{self.what} {name!r} is already registered ({self._items[name]!r})")
-        self._items[name] = obj
-        self._meta[name] = dict(meta)
 
     def remove(self, name: str) -> None:
         """Unregister (tests that register toy options clean up after themselves)."""
         self._items.pop(name, None)
         self._meta.pop(name, None)
+        self._doc.pop(name, None)
 
     def check(self, name: Any, key: str | None = None) -> str:
-        """Return ``name`` if registered; else ConfigError naming the key and the allowed names."""
-        load_builtins()
-        if not isinstance(name, str) or name not in self._items:
+        """Return ``name`` if known; else ConfigError naming the key and the allowed names."""
+        _load_installed()
+        if not isinstance(name, str) or name not in self._meta:
             raise ConfigError(f"invalid config value {key or self.key}={name!r}: allowed {', '.join(self.names())}")
         return name
 
     def __getitem__(self, name: str) -> T:
-        return self._items[self.check(name)]
+        """The code registered as ``name`` (NotImplementedOption: declared, but its code is not loaded)."""
+        self.check(name)
+        if name not in self._items:
+            raise NotImplementedOption(
+                f"{self.what} {name!r} is declared but no code is registered under that name: the module that "
+                "implements it registers it when imported (rl/ and tasks/ import theirs in their __init__)"
+            )
+        return self._items[name]
+
+    def implemented(self, name: str) -> bool:
+        """Whether code is registered under ``name`` (a declared option's code may not be loaded yet)."""
+        return self.check(name) in self._items
 
     def meta(self, name: str) -> dict[str, Any]:
+        """What ``name`` declares (and its code added when registered)."""
         self.check(name)
         return self._meta[name]
+
+    def hook(self, name: str, attr: str) -> Any:
+        """A fact ``name`` states for config time: ``attr=`` in its metadata, else an attribute of its
+        code if loaded (a trigger's ``period`` classmethod); None when it states none."""
+        meta = self.meta(name)
+        if attr in meta:
+            return meta[attr]
+        return getattr(self._items.get(name), attr, None)
+
+    def description(self, name: str) -> str:
+        """The one-line description ``--help`` prints: the declared one, else the first paragraph of
+        the code's docstring joined into one line ("" when it has none)."""
+        self.check(name)
+        return self._doc.get(name, "")
 
     def params_class(self, name: str) -> type | None:
         """The dataclass ``name`` registered with ``params=`` (None: it takes no parameters)."""
@@ -140,15 +205,21 @@ class Registry(Generic[T]):
         return Bound(name, obj, bound, self._meta[name])
 
     def names(self) -> list[str]:
-        load_builtins()
-        return list(self._items)
+        _load_installed()
+        return list(self._meta)
 
     def __contains__(self, name: object) -> bool:
-        load_builtins()
-        return name in self._items
+        _load_installed()
+        return isinstance(name, str) and name in self._meta  # a list from the command line is no option
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def _first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph as one line (a description is never cut mid-sentence)."""
+    text = (doc or "").strip().split("\n\n", 1)[0]
+    return " ".join(text.split())
 
 
 class Bound:
@@ -191,10 +262,8 @@ def config_check(fn: Callable[[Any], None]) -> Callable[[Any], None]:
 
 def run_config_checks(cfg: Any) -> None:
     """Run every registered cross-group check, and each selected option's own ``check=`` metadata."""
-    load_builtins()
     for reg in AXES:
-        name = _lookup(cfg, reg.key)
-        check = reg._meta.get(name, {}).get("check")
+        check = reg.hook(_lookup(cfg, reg.key), "check")
         if check is not None:
             check(cfg)
     for fn in _CONFIG_CHECKS:
@@ -219,34 +288,29 @@ def require(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
 
 
-# Modules whose import registers the built-in options.
-BUILTIN_MODULES = (
-    "prorl_bench.rl.advantages",
-    "prorl_bench.rl.kl",
-    "prorl_bench.tasks.base",
-    "prorl_bench.tasks.reasoning_gym_task",
-    "prorl_bench.tasks.math_jsonl_task",
-    "prorl_bench.tasks.code_task",
-    "prorl_bench.rl.resets",
-    "prorl_bench.rl.opt_state",
-    "prorl_bench.rl.reference",
-    "prorl_bench.tasks.detectors",
-    "prorl_bench.tasks.hack_task",
-    "prorl_bench.engines.trl.config_map",  # engine=trl: refuses what TRL cannot express (a config check)
-)
 PLUGIN_GROUP = "prorl_bench.plugins"  # entry-point group of installed packages that register options
-_loaded = False
+_declared = False  # the built-in options are declared (config/builtin_options.py calls builtins_declared)
+_loaded = False  # the installed plugins are loaded
 
 
-def load_builtins() -> None:
-    """Import the modules that register the built-in options, then the installed plugins' (the
-    ``prorl_bench.plugins`` entry points), once; safe to call repeatedly."""
+def builtins_declared() -> None:
+    """Called once the built-in options are declared (by the config package, which declares them)."""
+    global _declared
+    _declared = True
+
+
+def _load_installed() -> None:
+    """Before the first lookup: the installed plugins' modules (the ``prorl_bench.plugins`` entry
+    points), once. A lookup before the built-ins are declared is an error, not an empty axis."""
     global _loaded
+    if not _declared:
+        raise RuntimeError(
+            "no built-in option is declared yet: the bench's config package declares them "
+            "(import prorl_bench.config before looking an option up)"
+        )
     if _loaded:
         return
-    _loaded = True  # set first: the modules' own imports may call back into a registry
-    for mod in BUILTIN_MODULES:
-        importlib.import_module(mod)
+    _loaded = True  # set first: a plugin's own imports may call back into a registry
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=PLUGIN_GROUP):
@@ -260,7 +324,7 @@ def load_plugins(modules: Iterable[str]) -> None:
     """Import the user's modules named by ``plugins=[my_pkg.my_options, ...]`` (they register options
     at import time); called before the config is validated. A module that cannot be imported is a
     ConfigError naming it (and the import error), never a silently missing option."""
-    load_builtins()
+    _load_installed()
     for mod in modules:
         if not isinstance(mod, str) or not all(part.isidentifier() for part in mod.split(".")):
             raise ConfigError(f"invalid config value plugins={mod!r}: allowed dotted module names (my_pkg.my_options)")

@@ -4,27 +4,38 @@ engines -> sweeps | population -> cli), at module level or through imports insid
 
 A function-level ("lazy") import only hides a cycle from the interpreter at import time: the two
 modules still depend on each other. The graph below is built from the AST of every module with
-*every* import statement, wherever it is. (The registry's ``load_builtins``/``load_plugins`` import
-option modules by name through ``importlib``: that is the plugin mechanism — the registry itself
-imports nothing of the bench — and those modules import the registry, never the other way round.)
+*every* import statement, wherever it is, and every string that names a bench module (a name handed
+to ``importlib``, a list of modules to load): an import by name is an import. No module is exempt —
+the registry imports nothing of the bench (the built-in options are declared by ``config`` and their
+code registers itself where it lives). And at run time: importing ``prorl_bench.config`` and building
+every config section loads no layer above it, torch or TRL (a fresh interpreter).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import prorl_bench
 
 PKG = Path(list(prorl_bench.__path__)[0])
+MODULE_NAME = re.compile(r"prorl_bench(\.\w+)+")
 
 
 def _imports(path: Path, module_level_only: bool = False) -> set[str]:
-    """The ``prorl_bench`` modules ``path`` imports (every import statement, or the top level only)."""
+    """The ``prorl_bench`` modules ``path`` imports (every import statement and every string naming a
+    module, or the top level's import statements only)."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if module_level_only else list(ast.walk(tree))
     deps: set[str] = set()
     for node in nodes:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            name = node.value  # "prorl_bench.rl.kl", or a name inside one ("prorl_bench.rl.kl.k3"): its module
+            while "." in name and _module_path(name) is None:
+                name = name.rsplit(".", 1)[0]
+            if "." in name:
+                deps.add(name)
         if isinstance(node, ast.ImportFrom) and node.level:
             raise AssertionError(f"{path.name}: relative import (the graph expects absolute prorl_bench imports)")
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("prorl_bench"):
@@ -94,6 +105,17 @@ def test_graph_sees_imports_inside_functions(tmp_path, monkeypatch):
     src.write_text("import os\n\n\ndef f():\n    from prorl_bench.config import Config\n    return Config\n")
     assert _imports(src) == {"prorl_bench.config"}
     assert _imports(src, module_level_only=True) == set()
+
+
+def test_graph_sees_imports_by_name(tmp_path):
+    """A module named by a string (importlib, a tuple of modules to load) is an edge; a string that
+    names no module (an entry-point group) is not."""
+    src = tmp_path / "mod.py"
+    src.write_text(
+        "import importlib\n\nMODULES = ('prorl_bench.rl.kl',)\nGROUP = 'prorl_bench.plugins'\n\n\n"
+        "def load():\n    importlib.import_module('prorl_bench.tasks.base')\n"
+    )
+    assert _imports(src) == {"prorl_bench.rl.kl", "prorl_bench.tasks.base"}
 
 
 def test_no_module_level_import_cycles():
@@ -167,6 +189,45 @@ def test_layers():
     assert _violations({"prorl_bench.cli.app": {"prorl_bench.run.trainer", "prorl_bench.cli.export"}}) == []
     assert _violations(_graph(module_level_only=True)) == []
     assert _violations(_graph()) == []
+
+
+def test_config_validation_loads_no_higher_layer_torch_or_trl():
+    """``import prorl_bench.config`` and building every config section — the root ``Config`` (which
+    checks the task's prompt lengths against the model's context), each section with its defaults, and
+    each section with every registered option of its axis selected — imports no layer above config, no
+    torch and no TRL: the options' declarations are the config's, their code is not needed to validate.
+    A fresh interpreter, so what other tests imported does not count."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import dataclasses, sys
+        from prorl_bench import config
+        from prorl_bench.config.options import SECTIONS
+        root = config.Config()
+        sections = [v for f in dataclasses.fields(root) if dataclasses.is_dataclass(v := getattr(root, f.name))]
+        for value in sections:
+            type(value)()
+        # what an option needs besides its name to be valid in its section alone
+        needs = {"pattern": {"params": {"regex": "7$"}}, "hard": {"step": config.StepPolicy.reset},
+                 "k1": {"placement": config.KLPlacement.reward}}
+        built = 0
+        for section, reg in SECTIONS.items():
+            for name in reg.names():
+                own = {"name": "X"} if section == "variant" else {}  # A0-C are presets of one reference each
+                type(getattr(root, section))(**{reg.selector: name, **own, **needs.get(name, {})})
+                built += 1
+        lower = ("config", "registry", "errors", "searchpath", "extras")
+        loaded = [m for m in sys.modules if m.split(".")[0] in ("torch", "trl", "transformers")
+                  or (m.startswith("prorl_bench.") and m.split(".")[1] not in lower)]
+        print(len(sections), built, sorted(loaded)[:5])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sections, built, loaded = proc.stdout.strip().split(" ", 2)
+    assert int(sections) >= 20 and int(built) >= 30, proc.stdout
+    assert loaded == "[]", f"validating a config loads: {loaded}"
 
 
 def test_sweep_wrapper_and_aggregator_do_not_import_torch():

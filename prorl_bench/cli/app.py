@@ -88,6 +88,9 @@ def completed_job(run_dir: Path, cfg: DictConfig) -> dict[str, Any] | None:
 def run(cfg: DictConfig) -> float:
     """Run one job of a (multi)run. Returns the last-10% success rate (for sweepers). Every
     summary.json it writes, and its config_resolved.yaml, carry the job's provenance."""
+    from prorl_bench.cli.option_code import load_option_code
+
+    load_option_code()  # the checks that live with an option's code, before the config is validated
     hc = HydraConfig.get()
     threads = None
     try:

@@ -82,11 +82,10 @@ def _comments(cls: type) -> dict[str, str]:
 
 
 def option_help(reg: registry.Registry, name: str) -> list[str]:
-    """``name`` of axis ``reg`` with its docstring's first line, then each parameter (flat key of the
-    section), its default and its comment."""
-    obj = reg[name]
-    doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
-    rows = [f"  {name}" + (f"  # {doc[0]}" if doc else "")]
+    """``name`` of axis ``reg`` with its one-line description (declared, or its docstring's first
+    paragraph), then each parameter (flat key of the section), its default and its comment."""
+    text = reg.description(name)
+    rows = [f"  {name}" + (f"  # {text}" if text else "")]
     cls = reg.params_class(name)
     if cls is not None:
         notes = _comments(cls)
@@ -94,6 +93,8 @@ def option_help(reg: registry.Registry, name: str) -> list[str]:
             default = f.default if f.default is not dataclasses.MISSING else "(required)"
             if f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
+            if default == "???":  # OmegaConf's MISSING: no default
+                default = "(required)"
             rows.append(
                 f"      {reg.section}.{f.name} = {_fmt(default)}" + (f"  # {notes[f.name]}" if f.name in notes else "")
             )
@@ -113,6 +114,9 @@ def options_text() -> str:
 def _effective(root: Any) -> tuple[Any, str | None]:
     """The composed config of this command line (regime and overrides applied), each option's section
     completed with its parameters; (None, the error) when it does not validate."""
+    from prorl_bench.cli.option_code import load_option_code
+
+    load_option_code()  # validated as the run validates it
     node = OmegaConf.to_container(root, resolve=False)
     node.pop("hydra", None)
     cfg = OmegaConf.create(node)

@@ -48,9 +48,11 @@ def job_config_text(args: Sequence[str]) -> str | None:
         return None
     from omegaconf import OmegaConf
 
+    from prorl_bench.cli.option_code import load_option_code
     from prorl_bench.cli.preflight import _compose
     from prorl_bench.config import complete
 
+    load_option_code()  # validated as the run validates it
     try:
         cfg = _compose(overrides)
     except Exception:  # noqa: BLE001 - Hydra reports its own composition errors, unchanged

@@ -91,8 +91,10 @@ def _compose(overrides: list[str], hydra_node: bool = False):
 def validate_single_run(overrides: list[str]) -> str | None:
     """Compose and validate a single run's config: its ConfigError as the message, else None.
     Composition errors are left to Hydra (it reports them before creating anything)."""
+    from prorl_bench.cli.option_code import load_option_code
     from prorl_bench.config import to_config
 
+    load_option_code()
     try:
         cfg = _compose(list(overrides))
     except Exception:  # noqa: BLE001 - Hydra reports its own composition errors, unchanged

@@ -93,9 +93,11 @@ def validate_jobs(jobs: Sequence[Sequence[str]]) -> list[tuple[list[str], str]]:
     each job (tested)."""
     from hydra import compose, initialize_config_dir
 
+    from prorl_bench.cli.option_code import load_option_code
     from prorl_bench.config import to_config
     from prorl_bench.searchpath import CONF_DIR
 
+    load_option_code()  # validated as each job's run validates it
     errors: list[tuple[list[str], str]] = []
     composed: dict[tuple[str, ...], Any] = {}
     seen: dict[tuple[str, ...], str | None] = {}

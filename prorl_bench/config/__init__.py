@@ -17,6 +17,8 @@ One module per config group; this package re-exports every name, so ``from prorl
 is the way in:
 
 * ``enums.py``: the closed value sets (``ModelKind``, ``LossAgg``, ...),
+* ``builtin_options.py``: the built-in options of every registry axis, declared (description,
+  parameters with their defaults, config-time facts); their code registers in rl/ and tasks/,
 * ``task.py``: ``task`` (with ``task.reasoning_gym``, ``task.code``),
 * ``algo.py``: ``variant``, ``kl_estimator``, ``algo``, ``kl_ctl``,
 * ``model.py``: ``model``, ``adapter``, ``hardware``, ``warmup``,
@@ -31,6 +33,7 @@ Each field's comment is its ``prorl-bench --help`` text (prorl_bench/cli/confhel
 
 from __future__ import annotations
 
+from prorl_bench.config import builtin_options  # noqa: F401  (declares the built-in options first)
 from prorl_bench.config.algo import VARIANT_PRESETS, AlgoConfig, KLConfig, KLControlConfig, VariantConfig
 from prorl_bench.config.engine import ENGINES, EngineConfig
 from prorl_bench.config.enums import (

@@ -18,7 +18,7 @@ class VariantConfig:
     may be reset. A0-C are fixed presets (conf/variant); another combination needs another name."""
 
     name: str = "A1"  # the output label: A0 | A1 | A2 | B | C (README "Variants"), or your own name
-    # where reference logprobs come from (registry.REFERENCES; reference.py): recompute | cached | buffered | none
+    # where reference logprobs come from (registry.REFERENCES): recompute | cached | buffered | none
     reference: str = "cached"
     resets: bool = False  # the reference may be reset (reset.trigger); the C preset
     params: Any = None  # the reference strategy's parameters (its dataclass instance; flat keys variant.<name>)
@@ -57,7 +57,7 @@ VARIANT_PRESETS = {
 class KLConfig:
     """Per-token KL estimator; see prorl_bench/rl/kl.py for the formulas."""
 
-    name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS; kl.py has the built-ins)
+    name: str = "k3"  # a registered estimator (registry.KL_ESTIMATORS; builtin_options.py declares the built-ins)
     # loss: beta*KL in the loss (GRPO); reward: -beta*KL folded into the reward (PPO-RLHF)
     placement: KLPlacement = KLPlacement.loss
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_ref| clamped before exp (verl/NeMo RL)
@@ -81,7 +81,7 @@ class KLConfig:
 class AlgoConfig:
     """RL algorithm knobs. lr in AdamW units; beta multiplies the KL term."""
 
-    advantage: str = "grpo"  # a registered estimator (registry.ADVANTAGES; advantages.py has the built-ins)
+    advantage: str = "grpo"  # a registered estimator (registry.ADVANTAGES; builtin_options.py declares the built-ins)
     prompts_per_step: int = 8  # prompts per RL step (verl train_batch_size); the batch is prompts_per_step*group_size
     group_size: int = 8  # samples per prompt (TRL num_generations, verl rollout.n)
     temperature: float = 1.0  # sampling temperature; logprobs are of logits/temperature

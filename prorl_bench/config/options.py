@@ -18,6 +18,7 @@ from typing import Any
 
 from prorl_bench.registry import AXES, ConfigError, Registry
 
+UNSET = "???"  # a parameter key with no value (OmegaConf's MISSING): the selected option's default applies
 PARAMS = "params"  # the section field holding the option's parameters (never typed on the command line)
 SECTIONS: dict[str, Registry] = {reg.section: reg for reg in AXES}  # section -> its registry
 
@@ -54,6 +55,8 @@ def split_section(node: Mapping[str, Any], section: str, section_cls: type) -> d
                     f"section; did you mean {section}.{first}?"
                 )
             continue
+        if key not in own and value == UNSET:
+            continue  # a parameter nobody set (Hydra's base carries the key): the option's default applies
         (out if key in own else params)[key] = value
     out[PARAMS] = params
     return out

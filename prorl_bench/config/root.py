@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ from prorl_bench.config.engine import EngineConfig
 from prorl_bench.config.enums import AdapterKind, GrowthKind, KLControlKind, KLPlacement, ModelKind, PromptStyle
 from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
 from prorl_bench.config.model import AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
-from prorl_bench.config.options import PARAMS, SECTIONS, flat_params, split_section
+from prorl_bench.config.options import PARAMS, SECTIONS, UNSET, flat_params, split_section
 from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
 from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
 from prorl_bench.config.study import StudyConfig
@@ -169,9 +168,16 @@ def _reject_nonfinite(obj: Any, prefix: str = "") -> None:
 
 
 def _task_lengths(task: TaskConfig, max_new_tokens: int | None = None) -> tuple[int, int]:
-    """(longest prompt, completion budget) in tokens: the registered task is built (not imported)."""
+    """(longest prompt, completion budget) in tokens: what the task declares (``lengths``), else (a
+    plugin's factory that declares none) the task built from its code."""
+    lengths = registry.TASKS.hook(task.name, "lengths")
+    max_prompt, max_completion = lengths(task) if lengths is not None else _built_lengths(task)
+    return max_prompt, max_new_tokens or max_completion
+
+
+def _built_lengths(task: TaskConfig) -> tuple[int, int]:
     t = registry.build_task(task)
-    return t.max_prompt_len, max_new_tokens or t.max_completion_len
+    return t.max_prompt_len, t.max_completion_len
 
 
 def _check_routing(cfg: Config) -> None:
@@ -215,20 +221,19 @@ def register_configs() -> None:
 
 
 def hydra_node() -> dict[str, Any]:
-    """The schema's defaults as the untyped node Hydra composes onto: an axis's section then takes
-    the selected option's flat keys from its YAML (``reset/periodic.yaml``: ``every: 50``) without
-    carrying every other option's. ``to_config`` types and checks everything after composition."""
+    """The schema's defaults as the untyped node Hydra composes onto. An axis's section holds its own
+    keys and, for every built-in option's parameter, the key with no value (``???``: not given): so a
+    command line may set one for a job that may not select its option (``reset=none,periodic
+    reset.every=25``) and Hydra still has a key to override, while the value a run uses is the
+    *selected* option's own default (``to_config`` drops keys left unset; ``complete`` records what the
+    run uses). No option's default is written here: another option's never reaches a run."""
     node = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
     for section, reg in SECTIONS.items():
         node[section].pop(PARAMS, None)
-        # the built-in options' parameters with their defaults, so that a command line setting one for a
-        # group that may not select its option (``reset=none,periodic reset.every=25``) still composes;
-        # to_config keeps only the selected option's (complete(): what the run records)
         for name in reg.names():
             cls = reg.params_class(name)
-            for f in fields(cls) if cls is not None and reg[name].__module__.startswith("prorl_bench.") else ():
-                if f.default is not MISSING_FIELD:
-                    node[section].setdefault(f.name, getattr(f.default, "value", f.default))
+            for f in fields(cls) if cls is not None else ():
+                node[section].setdefault(f.name, UNSET)
     return node
 
 

@@ -91,7 +91,7 @@ class TaskConfig:
     ``min_len``/``max_len`` apply to the built-in tasks; ``reasoning_gym`` configures ``name=reasoning_gym``.
     """
 
-    name: str = "reverse_digits"  # a registered task (registry.TASKS; tasks.py lists the built-ins)
+    name: str = "reverse_digits"  # a registered task (registry.TASKS; config/builtin_options.py declares the built-ins)
     min_len: int = 3  # shortest input (symbols; per operand for add) of a built-in task
     max_len: int = 5  # longest input (symbols); sets the completion budget of built-in tasks
     # exact: 1 iff the completion equals the target; partial: fraction of positions right

@@ -3,13 +3,15 @@
 All return advantages of the same shape, one scalar per sequence (broadcast over its tokens).
 Standard deviations are the unbiased (n-1) estimates, as torch.std, TRL and verl use.
 
-Adding an estimator: a function ``(rewards (N, G), eps) -> advantages (N, G)`` decorated with
-``@ADVANTAGES.register("name")`` (here or in a plugin module, docs/extending.md); ``algo.advantage=name``
-then selects it. Metadata it may declare: ``centres_per_group=False`` when its advantages are not
-centred within each group (an all-equal group then keeps what the estimator gives it, instead of
-exactly 0; e.g. batch whitening); ``params=MyParams`` (a dataclass whose fields are flat keys of the
-``algo`` section, ``algo.clip``), passed as ``params=``. A run binds the estimator once
-(``advantage_estimator``) and every path that computes advantages (routing's split path too) calls it.
+The built-in estimators are declared (description, ``centres_per_group``) in
+``config/builtin_options.py`` and registered here with their code. Adding an estimator: a function
+``(rewards (N, G), eps) -> advantages (N, G)`` decorated with ``@ADVANTAGES.register("name")`` (here or
+in a plugin module, docs/extending.md); ``algo.advantage=name`` then selects it. Metadata it may
+declare: ``centres_per_group=False`` when its advantages are not centred within each group (an
+all-equal group then keeps what the estimator gives it, instead of exactly 0; e.g. batch whitening);
+``params=MyParams`` (a dataclass whose fields are flat keys of the ``algo`` section, ``algo.clip``),
+passed as ``params=``. A run binds the estimator once (``advantage_estimator``) and every path that
+computes advantages (routing's split path too) calls it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def rloo(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return rewards - (total - rewards) / (g - 1)
 
 
-@ADVANTAGES.register("reinforce_pp_baseline", centres_per_group=False)
+@ADVANTAGES.register("reinforce_pp_baseline")
 def reinforce_pp_baseline(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """ProRL v2 / REINFORCE++-baseline: R~ = R - mean_g(R); A = (R~ - mean_batch R~) / std_batch R~."""
     centred = rewards - rewards.mean(dim=1, keepdim=True)

@@ -21,7 +21,9 @@ value clamp on every estimator silently removed the KL gradient exactly on the t
 furthest (k2 for |l| > 4.47). For k3 the clamp is kept because its gradient 1 - exp(-l) explodes
 for l << 0; its price, stated: no KL gradient where k3 > 10, i.e. l < -2.61 or l > 11 (tested).
 
-Adding an estimator: ``@KL_ESTIMATORS.register("name", reward_only=..., clamped=...)`` on a function
+The built-in estimators are declared (description, parameters, ``reward_only``, ``clamped``, their
+config checks) in ``config/builtin_options.py`` and registered here with their code. Adding an
+estimator: ``@KL_ESTIMATORS.register("name", reward_only=..., clamped=...)`` on a function
 ``(logp, logp_ref, log_ratio_clamp) -> per-token values``; ``reward_only=True`` forbids it as a loss
 term (config error), ``clamped=True`` clamps its value to +-kl_clamp, ``params=MyParams`` (a
 dataclass whose fields are flat keys of the ``kl_estimator`` section) is passed as ``params=``, and
@@ -34,29 +36,24 @@ once: nothing is looked up or checked per call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prorl_bench.config.enums import K2Mode, KLPlacement
-from prorl_bench.registry import KL_ESTIMATORS, require
+from prorl_bench.config.builtin_options import K2Params, K3Params
+from prorl_bench.config.enums import K2Mode
+from prorl_bench.registry import KL_ESTIMATORS
 
 
 def log_ratio(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
     return (logp - logp_ref).clamp(-clamp, clamp)
 
 
-@KL_ESTIMATORS.register("k1", reward_only=True, clamped=False)
+@KL_ESTIMATORS.register("k1")
 def k1(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
-    """``clamp`` unused (no exp): the gradient is 1 everywhere."""
+    """l = logp - logp_ref, not clamped (no exp): the gradient is 1 everywhere. (``clamp``: the
+    estimators' uniform signature.)"""
     return logp - logp_ref
-
-
-@dataclass
-class K2Params:
-    # theta_over_ref; or ref_over_old (ProRL v2 blog formula as the reward penalty, reward placement only)
-    k2_mode: K2Mode = K2Mode.theta_over_ref
 
 
 def _k2_reward_form(params: K2Params, logp_ref: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor | None:
@@ -64,45 +61,14 @@ def _k2_reward_form(params: K2Params, logp_ref: torch.Tensor, logp_old: torch.Te
     return k2_ref_over_old(logp_ref, logp_old) if params.k2_mode == K2Mode.ref_over_old else None
 
 
-def _check_k2(cfg: Any) -> None:
-    k = cfg.kl_estimator
-    require(
-        not (k.params.k2_mode == K2Mode.ref_over_old and k.placement == KLPlacement.loss),
-        "kl_estimator.k2_mode",
-        k.params.k2_mode.value,
-        "'theta_over_ref' with placement=loss (ref_over_old has no gradient w.r.t. theta; it can "
-        "only be a reward-side penalty, and it is always logged as kl/k2_ref_over_old)",
-    )
-
-
-@KL_ESTIMATORS.register(
-    "k2", reward_only=False, clamped=False, reward_form=_k2_reward_form, params=K2Params, check=_check_k2
-)
+@KL_ESTIMATORS.register("k2", reward_form=_k2_reward_form)
 def k2(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0, params: K2Params | None = None) -> torch.Tensor:
     """``clamp`` unused (no exp): the gradient is l everywhere. ``params.k2_mode`` only changes the
     reward-side penalty (``_k2_reward_form``)."""
     return 0.5 * (logp - logp_ref).square()
 
 
-@dataclass
-class K3Params:
-    # False: k3 itself (verl's low_var_kl, GRPO). True: k3 x pi_theta/pi_old with the ratio differentiable
-    # (TRL's use_bias_correction_kl, OpenRLHF's off-policy KL); placement=loss only
-    importance_weight: bool = False
-
-
-def _check_k3(cfg: Any) -> None:
-    k = cfg.kl_estimator
-    require(
-        not (k.params.importance_weight and k.placement == KLPlacement.reward),
-        "kl_estimator.importance_weight",
-        k.params.importance_weight,
-        "false with placement=reward (the reward's KL is taken at pi_old itself, where the weight "
-        "pi_theta/pi_old is 1 and has no gradient: the option would change nothing)",
-    )
-
-
-@KL_ESTIMATORS.register("k3", reward_only=False, clamped=True, params=K3Params, check=_check_k3)
+@KL_ESTIMATORS.register("k3")
 def k3(logp: torch.Tensor, logp_ref: torch.Tensor, clamp: float = 20.0, params: K3Params | None = None) -> torch.Tensor:
     """``params.importance_weight`` is applied by ``KLEstimator`` (it needs pi_old's log-probs), after
     the value clamp: the clamp bounds k3, the weight is the sampling correction."""

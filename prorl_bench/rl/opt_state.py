@@ -7,18 +7,22 @@ initialisation, so the first update after such a "reset" is ~(1-b1)/sqrt(1-b2) =
 (0.9, 0.999) — a hidden LR spike. A *hard* reset therefore also sets step = 0, which makes it
 bit-identical to a freshly built optimizer (tested).
 
+The transforms themselves (``opt_reset.kind``: keep, hard, soft, asym) are pure functions of their
+parameters — the factors applied to m and v and whether ``step`` is reset — registered with their
+declarations in ``config/builtin_options.py`` (``config/events.py``'s ``transform_factors`` reads them);
+here they are applied to the optimizer's tensors.
+
 Unknown state layouts (another optimizer, amsgrad, fused variants with extra keys) fail loudly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prorl_bench.config import OptResetConfig, StepPolicy
-from prorl_bench.registry import OPT_TRANSFORMS, require
+from prorl_bench.config import OptResetConfig
+from prorl_bench.config.events import transform_factors as transform_factors  # re-exported
 
 ADAMW_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
 
@@ -50,63 +54,6 @@ def scale_moments(optimizer: torch.optim.Optimizer, m_factor: float, v_factor: f
         state["exp_avg_sq"].mul_(v_factor)
         if reset_step:
             state["step"].zero_()
-
-
-# Transforms: () -> (m_factor, v_factor, reset_step or None to follow opt_reset.step), called with
-# ``params=<instance>`` when registered with a params dataclass. Register another with
-# ``@OPT_TRANSFORMS.register(name, step=None|"keep"|"reset", why=..., params=...)``; ``step`` fixes the
-# step policy the config must state (checked at config time with ``why`` as the reason); the
-# dataclass's fields are flat keys of the ``opt_reset`` section (``opt_reset.factor``).
-@OPT_TRANSFORMS.register("keep", step="keep", why="keep changes nothing")
-def keep() -> tuple[float, float, bool | None]:
-    """ProRL v2: the optimizer is untouched."""
-    return 1.0, 1.0, None
-
-
-@OPT_TRANSFORMS.register("hard", step="reset", why="a hard reset must equal a freshly built optimizer")
-def hard() -> tuple[float, float, bool | None]:
-    """ProRL v1: m = v = 0 and step = 0 (= a fresh optimizer; the LR schedule restarts)."""
-    return 0.0, 0.0, True
-
-
-def _unit(value: float, key: str) -> None:
-    require(0.0 <= value <= 1.0, key, value, "in [0, 1]")
-
-
-@dataclass
-class SoftParams:
-    factor: float = 0.1  # m and v scaled by this at a reset
-
-    def __post_init__(self) -> None:
-        _unit(self.factor, "opt_reset.factor")
-
-
-@OPT_TRANSFORMS.register("soft", params=SoftParams)
-def soft(params: SoftParams) -> tuple[float, float, bool | None]:
-    """m <- f m, v <- f v with f = opt_reset.factor."""
-    return params.factor, params.factor, None
-
-
-@dataclass
-class AsymParams:
-    m_factor: float = 0.0  # first moment scaled by this at a reset
-    v_factor: float = 1.0  # second moment scaled by this at a reset
-
-    def __post_init__(self) -> None:
-        _unit(self.m_factor, "opt_reset.m_factor")
-        _unit(self.v_factor, "opt_reset.v_factor")
-
-
-@OPT_TRANSFORMS.register("asym", params=AsymParams)
-def asym(params: AsymParams) -> tuple[float, float, bool | None]:
-    """m <- f_m m, v <- f_v v (e.g. forget the direction, keep the curvature)."""
-    return params.m_factor, params.v_factor, None
-
-
-def transform_factors(cfg: OptResetConfig) -> tuple[float, float, bool]:
-    """(m factor, v factor, whether ``step`` is reset) of the configured transform, its parameters bound (pure)."""
-    m, v, forced = OPT_TRANSFORMS.build(cfg.kind, cfg.params)()
-    return m, v, cfg.step == StepPolicy.reset if forced is None else forced
 
 
 def apply_opt_reset(optimizer: torch.optim.Optimizer, cfg: OptResetConfig) -> dict[str, Any]:

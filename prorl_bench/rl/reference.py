@@ -165,7 +165,9 @@ class ReferenceContext:
 class Reference:
     """Interface. ``model`` is None when the variant has no reference model.
 
-    Subclasses are registered with ``@REFERENCES.register(name, per_rollout=..., model=...)``:
+    The built-in strategies are declared (description, ``per_rollout``, ``model``) in
+    ``config/builtin_options.py`` and registered below with their code; another strategy is
+    registered with ``@REFERENCES.register(name, per_rollout=..., model=...)``:
     ``per_rollout``: logprobs for the whole rollout exist before the update (needed to fold the KL
     into the reward); ``model``: a reference model exists at all; ``params``: a dataclass of its
     parameters (flat keys ``variant.<name>``; the instance arrives as ``params=`` and is ``self.params``).
@@ -238,7 +240,7 @@ class Reference:
         raise NotImplementedError
 
 
-@REFERENCES.register("none", per_rollout=False, model=False)
+@REFERENCES.register("none")
 class NoReference(Reference):
     """Variant B: no reference model is built; there is nothing to compute."""
 
@@ -248,7 +250,7 @@ class NoReference(Reference):
         return None
 
 
-@REFERENCES.register("cached", per_rollout=True, model=True)
+@REFERENCES.register("cached")
 class CachedReference(Reference):
     """Variants A1 and C: one reference pass per rollout, reused by every epoch and minibatch."""
 
@@ -265,7 +267,7 @@ class CachedReference(Reference):
         return self._cache[idx]
 
 
-@REFERENCES.register("buffered", per_rollout=True, model=True)
+@REFERENCES.register("buffered")
 class BufferedReference(CachedReference):
     """Variant A2: as A1, but written into one preallocated (max_batch, max_len) buffer.
 
@@ -289,7 +291,7 @@ class BufferedReference(CachedReference):
         self.forward_cost(acct, batch)
 
 
-@REFERENCES.register("recompute", per_rollout=False, model=True)
+@REFERENCES.register("recompute")
 class RecomputeReference(Reference):
     """Variant A0: the deliberately wasteful baseline — a reference forward in every minibatch."""
 

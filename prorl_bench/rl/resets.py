@@ -6,35 +6,39 @@ reset or None. They are pure Python (no torch), so they are unit-tested on synth
 A global ``min_spacing`` suppresses a reset closer than that to the previous one. What a reset does
 is ``reset_reference`` with ``ResetSchedule.alpha`` (1 = a copy).
 
-A trigger states what the rest of the bench needs to know about it: ``period(cfg)`` (it fires every
-N steps whatever the run does, which the step-counter warning below reads), its own parameters
-(``@RESET_TRIGGERS.register(name, params=MyParams)``: the dataclass's fields are flat keys of the
-``reset`` section, ``reset.every``; the checked instance is ``self.params``), and its checkpointed
-``STATE``.
+The built-in triggers are declared in ``config/builtin_options.py`` — their descriptions, their
+parameters (``PeriodicParams``: flat keys of the ``reset`` section, ``reset.every``; the checked instance
+is ``self.params``) and ``period(cfg)`` (they fire every N steps whatever the run does, which the
+step-counter warning reads) — and registered here with their code (``@RESET_TRIGGERS.register(name)``).
+A plugin trigger states all of it in one registration (``params=``; ``period`` and ``validate`` as
+class methods; docs/extending.md). A trigger's checkpointed attributes are its ``STATE``.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prorl_bench.config import Config, GrowthKind, ResetConfig, ResetSource, StepPolicy
-from prorl_bench.registry import RESET_TRIGGERS, config_check, require
-from prorl_bench.rl.opt_state import transform_factors
+from prorl_bench.config import ResetConfig
+from prorl_bench.config.builtin_options import KLSpikeParams, StallParams
+from prorl_bench.config.events import ResetSourceWarning as ResetSourceWarning  # re-exported
+from prorl_bench.config.events import StepCounterHazardWarning as StepCounterHazardWarning  # re-exported
+from prorl_bench.registry import RESET_TRIGGERS
 
 
 class Trigger:
     """When to reset: fed one step (``observe_step``) and one held-out evaluation
     (``observe_validation``) at a time; ``fire(step)`` returns a reason or None.
 
-    Adding a trigger: subclass, decorate with ``@RESET_TRIGGERS.register("name")`` and select it
-    with ``reset.trigger=name``; ``validate`` states its config requirements (ConfigError). What a
-    reset *does* (copy, or an alpha-mix) is ``reset.alpha``, independent of the trigger; ``alpha``
-    below is only the trigger's default for it.
+    Adding a trigger: subclass, decorate with ``@RESET_TRIGGERS.register("name", params=...)`` and
+    select it with ``reset.trigger=name``. Config time reads two optional class methods:
+    ``validate(reset_cfg)`` states its requirements beyond its own parameters (ConfigError), and
+    ``period(reset_cfg)`` the steps between resets when it fires on a clock whatever the run does
+    (frequent clocked resets compound the step-counter hazard). What a reset *does* (copy, or an
+    alpha-mix) is ``reset.alpha``, independent of the trigger; ``alpha`` below is only the trigger's
+    default for it.
     """
 
     alpha = 1.0  # default pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref when reset.alpha is null
@@ -44,17 +48,6 @@ class Trigger:
         self.cfg = cfg
         self.name = cfg.trigger
         self.params = params  # its dataclass instance, bound by RESET_TRIGGERS.build (None: it declares none)
-
-    @classmethod
-    def validate(cls, cfg: ResetConfig) -> None:
-        """Raise ConfigError if ``cfg`` lacks what this trigger needs beyond its own parameters (their
-        dataclass checks those: ``cfg.params`` is its instance)."""
-
-    @classmethod
-    def period(cls, cfg: ResetConfig) -> int | None:
-        """Steps between resets when the trigger fires on a clock (whatever the run's signals), else
-        None. Frequent clocked resets compound the step-counter hazard (``warn_step_counter_hazard``)."""
-        return None
 
     def observe_step(self, step: int, kl_ref: float | None) -> None:
         """The step's KL to the reference (nats/token), None without a reference."""
@@ -75,28 +68,16 @@ class Never(Trigger):
     """No resets (variants A0-A2 and B, and C without resets)."""
 
 
-@dataclass
-class PeriodicParams:
-    every: int = 50  # steps between resets (periodic, polyak)
-
-    def __post_init__(self) -> None:
-        require(self.every >= 1, "reset.every", self.every, ">= 1")
-
-
-@RESET_TRIGGERS.register("periodic", params=PeriodicParams)
+@RESET_TRIGGERS.register("periodic")
 class Periodic(Trigger):
     """Every ``reset.every`` steps."""
-
-    @classmethod
-    def period(cls, cfg: ResetConfig) -> int | None:
-        return cfg.params.every
 
     def fire(self, step: int) -> str | None:
         every = self.params.every
         return f"{self.name}: every {every} steps" if step % every == 0 else None
 
 
-@RESET_TRIGGERS.register("polyak", params=PeriodicParams)
+@RESET_TRIGGERS.register("polyak")
 class Polyak(Periodic):
     """TRL's ``sync_ref_model``: every ``reset.every`` steps with a default mix of ``reset.alpha``
     = 0.6 (``ref_model_mixup_alpha``)."""
@@ -104,25 +85,7 @@ class Polyak(Periodic):
     alpha = 0.6
 
 
-@dataclass
-class KLSpikeParams:
-    kl_threshold: float | None = None  # absolute threshold on kl/ref (nats/token)
-    kl_multiple: float | None = None  # threshold as a multiple of kl/ref's running mean
-    kl_ema: float = 0.9  # decay of the running mean of kl/ref
-    kl_warmup: int = 5  # steps of running-mean history before kl_multiple applies
-
-    def __post_init__(self) -> None:
-        require(self.kl_threshold is None or self.kl_threshold > 0, "reset.kl_threshold", self.kl_threshold,
-                "null or > 0")  # fmt: skip
-        require(self.kl_multiple is None or self.kl_multiple > 1, "reset.kl_multiple", self.kl_multiple,
-                "null or > 1")  # fmt: skip
-        require(0 <= self.kl_ema < 1, "reset.kl_ema", self.kl_ema, "in [0, 1)")
-        require(self.kl_warmup >= 0, "reset.kl_warmup", self.kl_warmup, ">= 0")
-        require(self.kl_threshold is not None or self.kl_multiple is not None, "reset.kl_threshold",
-                self.kl_threshold, "a value (or reset.kl_multiple) when reset.trigger=kl_spike")  # fmt: skip
-
-
-@RESET_TRIGGERS.register("kl_spike", params=KLSpikeParams)
+@RESET_TRIGGERS.register("kl_spike")
 class KLSpike(Trigger):
     """KL to the reference above ``kl_threshold``, or above ``kl_multiple`` x its running mean
     (EMA with decay ``kl_ema``, after ``kl_warmup`` steps of history)."""
@@ -160,17 +123,7 @@ class KLSpike(Trigger):
         self.kl_mean, self.kl_seen = None, 0
 
 
-@dataclass
-class StallParams:
-    patience: int = 2  # evaluations without improvement before a reset
-    min_delta: float = 0.0  # an improvement must exceed the best by more than this
-
-    def __post_init__(self) -> None:
-        require(self.patience >= 1, "reset.patience", self.patience, ">= 1")
-        require(self.min_delta >= 0, "reset.min_delta", self.min_delta, ">= 0")
-
-
-@RESET_TRIGGERS.register("stall", params=StallParams)
+@RESET_TRIGGERS.register("stall")
 class Stall(Trigger):
     """``reset.metric`` has not improved on its best by more than ``min_delta`` for ``patience``
     evaluations."""
@@ -242,63 +195,6 @@ class ResetSchedule:
         self.last_reset = state["last_reset"]
         for k in self.trigger.STATE:
             setattr(self.trigger, k, state[k])
-
-
-FREQUENT_RESETS = 25  # steps: at or below this period the step-counter hazard compounds (measured)
-
-
-class StepCounterHazardWarning(UserWarning):
-    """soft/asym shrinks Adam's v while keeping its step counter, at frequent resets."""
-
-
-@config_check
-def warn_step_counter_hazard(cfg: Config) -> None:
-    """Scaling Adam's second moment v down while keeping ``step`` removes the bias correction's
-    compensation: each reset multiplies the effective step size, and v recovers only at (1 - beta2)
-    per step. Repeated every <= 25 steps it collapsed learning (success 0.000 vs 0.61-0.70 for hard,
-    3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time. Reads what the
-    options declare: the transform's factors and step policy, the trigger's ``period``."""
-    o, r = cfg.opt_reset, cfg.reset
-    _, v_scale, reset_step = transform_factors(o)  # once, at config time
-    period = RESET_TRIGGERS[r.trigger].period(r)
-    frequent = period is not None and period <= FREQUENT_RESETS
-    if cfg.variant.resets and v_scale < 1.0 and not reset_step and frequent:
-        warnings.warn(
-            f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step={StepPolicy.keep.value}, and "
-            f"resets come every {period} steps: the effective step size ratchets up at each reset (measured: "
-            "learning collapses). Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
-            StepCounterHazardWarning,
-            stacklevel=4,
-        )
-
-
-class ResetSourceWarning(UserWarning):
-    """reset.source=best with resets that come before the first held-out evaluation."""
-
-
-@config_check
-def check_reset_source(cfg: Config) -> None:
-    """``reset.source=best`` (rl/best.py) keeps a snapshot of the trainable parameters, which rank growth
-    would reshape (refused); a clocked trigger firing before the first regular evaluation
-    (``eval_every``) makes the first resets fall back to the current policy (warned)."""
-    r = cfg.reset
-    if r.source != ResetSource.best or r.trigger == "none":
-        return
-    require(
-        cfg.growth.kind == GrowthKind.none,
-        "reset.source",
-        r.source.value,
-        "'current' with growth=rank (the best snapshot holds the adapters at the rank of its evaluation)",
-    )
-    period = RESET_TRIGGERS[r.trigger].period(r)
-    if period is not None and period < cfg.eval_every:
-        warnings.warn(
-            f"reset.source=best: reset.trigger={r.trigger} resets every {period} steps but the first held-out "
-            f"evaluation is at step eval_every={cfg.eval_every}: resets before it copy the current policy "
-            "(their events say source=current with source_reason). Evaluate at least as often as you reset.",
-            ResetSourceWarning,
-            stacklevel=4,
-        )
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prorl_bench.config import RewardKind, TaskConfig
+from prorl_bench.config.builtin_options import Lengths, symbol_lengths
 from prorl_bench.models.tokenizers import CharTokenizer  # noqa: F401  (re-exported: tasks' prompts use it)
 from prorl_bench.registry import TASKS, ConfigError, build_task
 
@@ -52,15 +53,13 @@ class Task:
         cfg: TaskConfig,
         tag: str,
         make_input: Callable[[random.Random, int], tuple[str, str]],
-        prompt_len: Callable[[int], int],
-        completion_len: Callable[[int], int],
+        lengths: Lengths,
     ) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self._tag = tag
         self._make_input = make_input
-        self.max_prompt_len = 1 + prompt_len(cfg.max_len)  # + BOS
-        self.max_completion_len = completion_len(cfg.max_len) + 1  # + EOS
+        self.max_prompt_len, self.max_completion_len = lengths(cfg)  # BOS and EOS included
         self._reward_fn = exact_reward if cfg.reward == RewardKind.exact else partial_reward
         self._val: list[Problem] | None = None
 
@@ -122,33 +121,38 @@ class Task:
 def symbol_task(
     name: str,
     tag: str,
-    prompt_len: Callable[[int], int],
-    completion_len: Callable[[int], int],
-    solve: Callable[[str], str],
+    prompt_len: Callable[[int], int] | None = None,
+    completion_len: Callable[[int], int] | None = None,
+    solve: Callable[[str], str] | None = None,
     params: type | None = None,
 ) -> Callable[[Callable[..., tuple[str, str]]], Callable[..., tuple[str, str]]]:
     """Register a generator ``(rng, n) -> (input, target)`` as task ``name``: prompts are
     ``<tag><input>=`` (``tag``: one character of the tokenizer's alphabet, unique per task), and
     ``prompt_len(n)``/``completion_len(n)`` bound the prompt (tag and "=" included) and the target
-    for ``n`` = task.max_len. ``solve(input) -> target`` states the answer independently of the
-    generator (registry metadata: the tests check every generated target against it).
-    ``task.name=name`` then selects it; nothing else is edited. ``params``: a dataclass of the
-    task's parameters (flat keys ``task.<name>``); the generator is then called as
-    ``fn(rng, n, params=<instance>)``, bound once when the task is built."""
+    for ``n`` = task.max_len (a task declared in config/builtin_options.py has them there: leave them
+    out). ``solve(input) -> target`` states the answer independently of the generator (registry
+    metadata: the tests check every generated target against it). ``task.name=name`` then selects it;
+    nothing else is edited. ``params``: a dataclass of the task's parameters (flat keys
+    ``task.<name>``); the generator is then called as ``fn(rng, n, params=<instance>)``, bound once
+    when the task is built. Its ``--help`` line is the generator's docstring (or the declaration's)."""
+    if solve is None:
+        raise ValueError(f"task {name!r}: solve= states the answer to an input (the tests check the generator by it)")
+    if (prompt_len is None) != (completion_len is None):
+        raise ValueError(f"task {name!r}: give both prompt_len and completion_len, or neither (declared lengths)")
+    own = {} if prompt_len is None else {"lengths": symbol_lengths(prompt_len, completion_len)}
 
     def deco(fn: Callable[..., tuple[str, str]]) -> Callable[..., tuple[str, str]]:
         def factory(cfg: TaskConfig, params: Any = None) -> Task:
             gen = fn if params is None else functools.partial(fn, params=params)
-            return Task(cfg, tag, gen, prompt_len, completion_len)
+            return Task(cfg, tag, gen, TASKS.hook(name, "lengths"))
 
-        TASKS.add(name, factory, symbols=True, solve=solve, params=params)
+        factory.__doc__ = fn.__doc__
+        TASKS.add(name, factory, symbols=True, solve=solve, params=params, **own)
+        if TASKS.hook(name, "lengths") is None:
+            raise ValueError(f"task {name!r}: no prompt lengths (give prompt_len and completion_len)")
         return fn
 
     return deco
-
-
-def _tagged(n: int) -> int:
-    return n + 2  # "<tag><n symbols>="
 
 
 def _digits(rng: random.Random, n: int) -> str:
@@ -160,31 +164,32 @@ def _number(rng: random.Random, n: int) -> int:
     return rng.randint(lo, 10**n - 1)
 
 
-@symbol_task("reverse_digits", "R", _tagged, lambda n: n, solve=lambda x: x[::-1])
+# the built-in symbol tasks: declared (description, lengths) in config/builtin_options.py
+@symbol_task("reverse_digits", "R", solve=lambda x: x[::-1])
 def _reverse(rng: random.Random, n: int) -> tuple[str, str]:
     x = _digits(rng, n)
     return x, x[::-1]
 
 
-@symbol_task("copy", "C", _tagged, lambda n: n, solve=lambda x: x)
+@symbol_task("copy", "C", solve=lambda x: x)
 def _copy(rng: random.Random, n: int) -> tuple[str, str]:
     x = _digits(rng, n)
     return x, x
 
 
-@symbol_task("sort_digits", "S", _tagged, lambda n: n, solve=lambda x: "".join(sorted(x)))
+@symbol_task("sort_digits", "S", solve=lambda x: "".join(sorted(x)))
 def _sort(rng: random.Random, n: int) -> tuple[str, str]:
     x = _digits(rng, n)
     return x, "".join(sorted(x))
 
 
-@symbol_task("parity", "P", _tagged, lambda n: 1, solve=lambda x: str(x.count("1") % 2))
+@symbol_task("parity", "P", solve=lambda x: str(x.count("1") % 2))
 def _parity(rng: random.Random, n: int) -> tuple[str, str]:
     x = "".join(rng.choice("01") for _ in range(n))
     return x, str(x.count("1") % 2)
 
 
-@symbol_task("add", "A", lambda n: 2 * n + 3, lambda n: n + 1, solve=lambda x: str(sum(map(int, x.split("+")))))
+@symbol_task("add", "A", solve=lambda x: str(sum(map(int, x.split("+")))))
 def _add(rng: random.Random, n: int) -> tuple[str, str]:
     a, b = _number(rng, n), _number(rng, n)
     return f"{a}+{b}", str(a + b)

@@ -1,6 +1,8 @@
 """Detectors for gradient routing: label each sampled completion as showing an unwanted behaviour.
 
-A detector is a class registered with ``@DETECTORS.register(name, params=Dataclass)``, built with its
+The built-in detectors are declared (description, parameters) in ``config/builtin_options.py`` and
+registered here with their code. A detector is a class registered with
+``@DETECTORS.register(name, params=Dataclass)``, built with its
 parameters bound (flat keys of the ``detector`` section, ``detector.regex``), and called per sample as
 ``detector(prompt, completion, problem, info) -> bool``; ``info`` is what the task's reward function
 reported for that sample (e.g. the hack task's ``{"task": 1.0, "hack": 1.0}``). Labelled samples
@@ -11,13 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import MISSING
 
-from prorl_bench.registry import DETECTORS, ConfigError
+from prorl_bench.config.builtin_options import PatternParams
+from prorl_bench.registry import DETECTORS
 
 
 class Detector:
@@ -39,18 +40,7 @@ class NoDetector(Detector):
         return False
 
 
-@dataclass
-class PatternParams:
-    regex: str = MISSING  # searched in the completion (re.search), e.g. "7$"
-
-    def __post_init__(self) -> None:
-        try:
-            re.compile(self.regex)
-        except (re.error, TypeError) as e:
-            raise ConfigError(f"invalid config value detector.regex={self.regex!r}: {e}") from None
-
-
-@DETECTORS.register("pattern", params=PatternParams)
+@DETECTORS.register("pattern")
 class PatternDetector(Detector):
     """A regular expression searched in the completion (``re.search``), e.g. ``"7$"`` for a
     completion ending in 7. Cheap and imperfect, as real detectors are: it also fires on correct
@@ -64,13 +54,7 @@ class PatternDetector(Detector):
         return self.regex.search(completion) is not None
 
 
-@dataclass
-class RewardFieldParams:
-    field: str = "hack"  # the reward function's reported field read per sample
-    threshold: float = 0.0  # labelled when info[field] > threshold
-
-
-@DETECTORS.register("reward_field", params=RewardFieldParams)
+@DETECTORS.register("reward_field")
 class RewardFieldDetector(Detector):
     """Reads a field the reward function reports for the sample: labelled when
     ``info[field] > threshold`` (the hack task reports ``hack`` = 1 when its bonus was paid)."""

@@ -210,7 +210,8 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-# your own problems: owns task.path / task.val_path, chat prompts only (an HF model's tokenizer)
-@TASKS.register("math_jsonl", check_config=check_config, reads_path=True, needs_hf=True)
+# your own problems: owns task.path / task.val_path (declared reads_path, needs_hf: config/builtin_options.py);
+# check_config reads the files when the config is validated
+@TASKS.register("math_jsonl", check_config=check_config)
 def _math_jsonl(cfg: TaskConfig) -> MathJsonlTask:
     return MathJsonlTask(cfg)

@@ -44,6 +44,7 @@ import pytest  # noqa: E402
 from prorl_bench.cli.confhelp import _groups, check_overrides  # noqa: E402
 from prorl_bench.config import aliases  # noqa: E402
 from prorl_bench.searchpath import CONF_DIR  # noqa: E402
+from tests.e2e.test_plugins import plugin  # noqa: E402, F401  (the docs' five modules)
 
 
 @pytest.mark.parametrize("plus", ["", "+", "++"], ids=["bare", "plus", "plusplus"])
@@ -146,3 +147,49 @@ def test_sweep_cli_says_did_you_mean_too(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "did you mean algo.group_size=4?" in proc.stderr
     assert "prorl-bench-sweep +sweep=ablation_small algo.group_size=4 --dry-run" in proc.stderr
+
+
+def _a_sentence(text: str, name: str) -> bool:
+    """One line that reads as a whole sentence: it starts as one (a capital, or the option's own name,
+    ``k1 = ...``), ends with a full stop, and leaves no parenthesis or literal open (a line cut from a
+    longer docstring does not)."""
+    return (
+        bool(text)
+        and "\n" not in text
+        and len(text) <= 120
+        and (text[0].isupper() or text.startswith(name))
+        and text.endswith(".")
+        and text.count("(") == text.count(")")
+        and text.count("``") % 2 == 0
+    )
+
+
+def test_the_sentence_check_can_fail():
+    assert _a_sentence("Every ``reset.every`` steps.", "periodic")
+    cut = "TRL's ``sync_ref_model``: every ``reset.every`` steps with a default mix of ``reset.alpha``"
+    assert not _a_sentence(cut, "polyak")  # polyak's line, cut from its docstring's first line
+    assert not _a_sentence("", "reverse_digits")  # a task without one
+    assert not _a_sentence("``reset.metric`` has not improved on its best by more than (``min_delta``", "stall")
+
+
+@pytest.mark.usefixtures("plugin")
+def test_every_option_and_task_has_a_one_line_sentence_in_help():
+    """``--help`` describes every registered option of every axis — the built-ins (declared with their
+    description) and docs/extending.md's five plugins (their docstring's first paragraph) — in one line
+    that is a whole sentence."""
+    import re
+
+    from prorl_bench import registry
+    from prorl_bench.cli.confhelp import options_text
+
+    shown: dict[tuple[str, str], str] = {}
+    axis = None
+    for line in options_text().splitlines():
+        if m := re.match(r"^(\S+) \(", line):
+            axis = m.group(1)
+        elif m := re.match(r"^  (\w+)(?:  # (.*))?$", line):
+            shown[(axis, m.group(1))] = m.group(2) or ""
+    options = [(reg.key, name) for reg in registry.AXES for name in reg.names()]
+    assert sorted(shown) == sorted(options)
+    bad = {f"{key}={name}": shown[(key, name)] for key, name in options if not _a_sentence(shown[(key, name)], name)}
+    assert not bad, f"--help lines that are not one whole sentence: {bad}"

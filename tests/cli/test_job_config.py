@@ -56,8 +56,9 @@ def test_other_cfg_requests_are_hydras(tmp_path):
 
 
 def test_a_sweep_over_options_with_one_options_parameter_still_composes(tmp_path):
-    """Hydra's base keeps the built-ins' parameter keys, so ``reset.every=25`` is valid in the job that
-    selects ``reset=none`` too (docs/configuration.md's command); each job's record drops it."""
+    """Hydra's base keeps the built-ins' parameter keys (with no value: the selected option's default
+    applies), so ``reset.every=25`` is valid in the job that selects ``reset=none`` too
+    (docs/configuration.md's command); each job's record drops it."""
     line = ["variant=C", "reset=none,periodic", "reset.every=25", "seed=0"]
     proc = subprocess.run([SWEEP_EXE, *line, "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -172,9 +172,10 @@ def test_entry_point_plugin_loads_without_the_plugins_key(tmp_path):
     (dist / "entry_points.txt").write_text("[prorl_bench.plugins]\nadv = clipped_grpo\nref = ema_reference\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     code = textwrap.dedent("""
+        import prorl_bench.config  # declares the built-in options
         from prorl_bench.registry import ADVANTAGES, REFERENCES
-        print("clipped_grpo" in ADVANTAGES, "ema" in REFERENCES)
+        print("clipped_grpo" in ADVANTAGES, "ema" in REFERENCES, "grpo" in ADVANTAGES)
     """)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["True", "True"]
+    assert proc.stdout.split() == ["True", "True", "True"]

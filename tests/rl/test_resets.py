@@ -62,10 +62,11 @@ def test_kl_spike_absolute_threshold_and_spacing():
 
 def test_kl_spike_relative_to_running_mean():
     kl = [0.1] * 12 + [0.25] + [0.1] * 5 + [0.45] + [0.1] * 3
-    cfg = ResetConfig(trigger="kl_spike", params={"kl_multiple": 3.0, "kl_ema": 0.5, "kl_warmup": 3})
+    multiple = {"kl_threshold": None, "kl_multiple": 3.0, "kl_warmup": 3}  # no absolute threshold
+    cfg = ResetConfig(trigger="kl_spike", params={**multiple, "kl_ema": 0.5})
     assert _fire(cfg, len(kl), kl) == [19]  # 0.25 < 3 x 0.1 does not fire; 0.45 does
     early = [1.0] + [0.1] * 3  # no history yet: the multiple does not apply during warm-up
-    assert _fire(ResetConfig(trigger="kl_spike", params={"kl_multiple": 3.0, "kl_warmup": 3}), 4, early) == []
+    assert _fire(ResetConfig(trigger="kl_spike", params=multiple), 4, early) == []
 
 
 def test_stall_fires_after_patience_evaluations_without_improvement():

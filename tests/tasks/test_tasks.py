@@ -62,3 +62,14 @@ def test_tokenizer_roundtrip_and_left_padding():
     assert ids[0, 2] == tok.BOS
     with pytest.raises(ValueError, match="outside"):
         tok.encode("é")
+
+
+@pytest.mark.parametrize("name", [t for t in TASKS.names() if TASKS.hook(t, "lengths") is not None])
+def test_declared_lengths_are_the_built_tasks(name):
+    """A task's declared ``lengths`` (config/builtin_options.py: what the config's context check reads
+    without building the task) equal the built task's, for the prompt styles the character-level
+    policy takes (reasoning_gym's chat prompts add their template: HF models only)."""
+    for max_len in (2, 5):
+        cfg = TaskConfig(name=name, min_len=1, max_len=max_len)
+        task = make_task(cfg)
+        assert TASKS.hook(name, "lengths")(cfg) == (task.max_prompt_len, task.max_completion_len), (name, max_len)
