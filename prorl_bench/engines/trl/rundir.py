@@ -112,7 +112,8 @@ class BenchRunCallback(TrainerCallback):
         self.meter.on_step_end(args, state, control, **kw)
 
     def on_train_begin(self, args, state, control, **kw):
-        self.resets.on_train_begin(args, state, control, **kw)
+        self.resets.bind(optimizer=kw.get("optimizer"), lr_scheduler=kw.get("lr_scheduler"))
+        self.resets.wrap_lr()
         self._mark = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kw):
