@@ -435,3 +435,37 @@ def test_polyak_under_lora_is_independent_of_the_rng(model_dir):
         with use_adapter(model, REFERENCE_ADAPTER):
             refs.append(_logits(model))
     assert torch.equal(refs[0], refs[1])
+
+
+# --------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize(
+    "lora,reset,opt_reset",
+    [
+        (False, {"kind": "periodic", "every": 2}, {"kind": "keep", "rewarmup_steps": 2}),
+        (False, {"kind": "kl_spike", "kl_threshold": KL_THRESHOLD, "min_spacing": 2}, "hard"),
+        (True, {"kind": "polyak", "every": 2}, {"kind": "soft", "factor": 0.5, "step": "reset"}),
+    ],
+    ids=["full-periodic-rewarmup", "full-kl_spike-spacing", "lora-polyak"],
+)
+def test_resume_continues_as_the_uninterrupted_run(model_dir, tmp_path, lora, reset, opt_reset):
+    """8 RL steps straight, against 4 + a resume from TRL's checkpoint-8 (optimizer step 8 = RL step 4) by a
+    fresh trainer and callback: TRL's logged KL of every step after the resume, the resets (steps, reasons,
+    optimizer and LR records), the trigger state and the learning rate are the uninterrupted run's. A reset
+    precedes the checkpoint, so a lost reference would show in the first KL after it."""
+    kw = {"lora": lora, "save_steps": 4 * PER, "logging_steps": 1}
+    straight = ReferenceResetCallback(reset=reset, opt_reset=opt_reset)
+    rec_a = _script(model_dir, tmp_path / "a", straight, **kw)
+    _script(model_dir, tmp_path / "b", ReferenceResetCallback(reset=reset, opt_reset=opt_reset), rl_steps=4, **kw)
+    ckpt = tmp_path / "b" / f"checkpoint-{4 * PER}"
+    assert (ckpt / "reference_reset_state.pt").is_file()
+    resumed = ReferenceResetCallback(reset=reset, opt_reset=opt_reset)
+    rec_b = _script(model_dir, tmp_path / "b", resumed, resume=str(ckpt), **kw)
+    after = [r for r in rec_a.logs if r["step"] > 4 * PER]
+    assert any(r["step"] <= 4 for r in straight.resets)  # a reset before the checkpoint
+    assert any(r["step"] > 4 for r in straight.resets)  # and one after it
+    keys = ("step", "kl", "loss", "learning_rate", "reward")
+    assert [[r.get(k) for k in keys] for r in rec_b.logs] == [[r.get(k) for k in keys] for r in after]
+    assert resumed.resets == straight.resets
+    assert resumed.schedule.state_dict() == straight.schedule.state_dict()
