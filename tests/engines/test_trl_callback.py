@@ -469,3 +469,166 @@ def test_resume_continues_as_the_uninterrupted_run(model_dir, tmp_path, lora, re
     assert [[r.get(k) for k in keys] for r in rec_b.logs] == [[r.get(k) for k in keys] for r in after]
     assert resumed.resets == straight.resets
     assert resumed.schedule.state_dict() == straight.schedule.state_dict()
+
+
+# --------------------------------------------------------------------------- a TRL user's frictions
+
+
+def test_one_vocabulary_for_both_dicts_and_string_shorthands():
+    from prorl_bench.config import StepPolicy
+
+    cb = ReferenceResetCallback("periodic", "hard")
+    assert (cb.reset_cfg.trigger, cb.reset_cfg.params.every) == ("periodic", 50)
+    assert (cb.opt_cfg.kind, cb.opt_cfg.step) == ("hard", StepPolicy.reset)  # hard fixes step=reset
+    cb = ReferenceResetCallback({"kind": "kl_spike", "kl_threshold": 0.1}, {"kind": "soft", "factor": 0.2})
+    assert (cb.reset_cfg.trigger, cb.opt_cfg.kind, cb.opt_cfg.params.factor) == ("kl_spike", "soft", 0.2)
+    for bad, hint in [
+        (dict(reset={"trigger": "periodic"}), "did you mean 'kind'"),  # the old reset key
+        (dict(opt_reset={"trigger": "hard"}), "did you mean 'kind'"),
+        (dict(reset={"kind": "periodc"}), "did you mean 'periodic'"),
+        (dict(opt_reset="medium"), "unknown kind 'medium'"),
+        (dict(reset={"kind": "periodic", "evry": 5}), "did you mean reset.every"),
+        (dict(reset={"kind": "periodic", "step": "reset"}), "put it in opt_reset"),
+        (dict(opt_reset={"kind": "hard", "every": 5}), "put it in reset"),
+        (dict(opt_reset={"kind": "soft", "step": "sometimes"}), "'keep' or 'reset'"),
+        (dict(reset={"every": 5}), "name the option with 'kind'"),
+    ]:
+        with pytest.raises(ValueError, match=hint):
+            ReferenceResetCallback(**bad)
+
+
+def test_no_reset_unless_asked_and_the_old_signature_is_explained(model_dir):
+    assert ReferenceResetCallback().reset_cfg.trigger == "none"
+    trainer = _trainer(model_dir)
+    with pytest.raises(TypeError, match="callbacks=\\[ReferenceResetCallback"):
+        ReferenceResetCallback(trainer, {"kind": "periodic"})
+    with pytest.raises(TypeError, match="reset key"):
+        ReferenceResetCallback({"kind": "stall", "metric": "reward"}, metric="reward")
+
+
+def test_stall_needs_a_metric():
+    with pytest.raises(ValueError, match="stall trigger needs 'metric'"):
+        ReferenceResetCallback({"kind": "stall", "patience": 2})
+    with pytest.raises(ValueError, match="stall trigger only"):
+        ReferenceResetCallback({"kind": "periodic", "metric": "reward"})
+    cb = ReferenceResetCallback({"kind": "stall", "metric": "eval_reward"})
+    assert (cb.metric_from, cb.needs_logs) == ("eval", False)
+    assert ReferenceResetCallback({"kind": "stall", "metric": "reward"}).needs_logs
+
+
+def test_frequent_soft_resets_warn_in_scripts_as_on_the_cli():
+    from prorl_bench.rl.resets import StepCounterHazardWarning
+
+    with pytest.warns(StepCounterHazardWarning, match="ratchets up"):
+        ReferenceResetCallback({"kind": "periodic", "every": 10}, "soft")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ReferenceResetCallback({"kind": "periodic", "every": 10}, {"kind": "soft", "step": "reset"})
+        ReferenceResetCallback({"kind": "periodic", "every": 100}, "soft")
+
+
+def test_trl_version_outside_the_tested_range(monkeypatch):
+    import trl
+
+    from prorl_bench.engines.trl.callback import TRLVersionWarning
+    from prorl_bench.engines.trl.config_map import trl_version_problem
+
+    assert trl_version_problem() is None  # the installed TRL is the tested one
+    assert "tested on TRL 1.16.0 only" in trl_version_problem("1.17.0")
+    assert trl_version_problem("1.15.2") is not None
+    monkeypatch.setattr(trl, "__version__", "2.0.0")
+    with pytest.warns(TRLVersionWarning, match="TRL 2.0.0 is installed"):
+        ReferenceResetCallback()
+
+
+def test_engine_refuses_an_untested_trl(monkeypatch, tmp_path):
+    import trl
+
+    from prorl_bench.config import ConfigError, to_config
+    from prorl_bench.engines.trl.config_map import refuse_for_trl
+    from prorl_bench.models.tiny_hf import build_tiny_llama
+    from tests.conftest import compose_cfg
+
+    path = build_tiny_llama(tmp_path / "m", hidden_size=32, n_layers=1, n_heads=4)
+    cfg = to_config(compose_cfg(["engine=trl", "model=hf_causal_lm", f"model.path={path}"]))
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(ConfigError, match="engine=trl: TRL 1.17.0 is installed"):
+        refuse_for_trl(cfg)
+
+
+def test_trl_warmup_is_what_a_hard_reset_restarts_and_both_warmups_are_refused(model_dir):
+    """GRPOConfig(warmup_steps=2) warms up once at the start (TRL's schedule); a hard reset restarts a warm-up of
+    the same length (RL steps) through the callback's factor; the callback's own lr_warmup_steps on top of TRL's
+    would multiply the two: refused."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    def trainer_with_warmup():
+        args = GRPOConfig(
+            output_dir=str(model_dir.parent / "warm"), beta=0.01, max_steps=8, per_device_train_batch_size=4,
+            num_generations=4, steps_per_generation=1, max_completion_length=4, use_cpu=True, report_to="none",
+            learning_rate=1e-2, lr_scheduler_type="constant_with_warmup", warmup_steps=2, optim="adamw_torch",
+            bf16=False, disable_tqdm=True,
+        )  # fmt: skip
+        t = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                        args=args, train_dataset=Dataset.from_list([{"prompt": "[BOS]R12="}] * 8))  # fmt: skip
+        t.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
+        return t
+
+    trainer = trainer_with_warmup()
+    cb = ReferenceResetCallback({"kind": "periodic", "every": 1}, "hard", trainer=trainer)
+    cb.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
+                      optimizer=trainer.optimizer, lr_scheduler=trainer.lr_scheduler)  # fmt: skip
+    opt = unwrap(trainer.optimizer, "optimizer")
+    seen = []
+    for _ in range(3):
+        seen.append(opt.param_groups[0]["lr"])
+        _train_steps(trainer, 1)
+    cb.rl_step_end(3, kl=0.0)
+    for _ in range(3):
+        seen.append(opt.param_groups[0]["lr"])
+        _train_steps(trainer, 1)
+    assert seen == pytest.approx([0.0, 5e-3, 1e-2, 5e-3, 1e-2, 1e-2])  # TRL's ramp (step 0: lr 0), then ours
+
+    trainer = trainer_with_warmup()
+    cb = ReferenceResetCallback("periodic", lr_warmup_steps=3, trainer=trainer)
+    with pytest.raises(ValueError, match="would multiply"):
+        cb.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
+                          optimizer=trainer.optimizer, lr_scheduler=trainer.lr_scheduler)  # fmt: skip
+
+
+def test_resuming_without_the_callbacks_state_fails_loudly(model_dir, tmp_path):
+    from transformers import TrainerState
+
+    trainer = _trainer(model_dir)
+    cb = ReferenceResetCallback("periodic", trainer=trainer)
+    state = TrainerState(global_step=6, max_steps=8)
+    with pytest.raises(FileNotFoundError, match="resume_from"):
+        cb.on_train_begin(trainer.args, state, trainer.control, model=trainer.model, optimizer=trainer.optimizer,
+                          lr_scheduler=trainer.lr_scheduler)  # fmt: skip
+    cb.resume_from(False)  # a checkpoint saved without the callback: start it fresh, knowingly
+    cb.on_train_begin(trainer.args, state, trainer.control, model=trainer.model, optimizer=trainer.optimizer,
+                      lr_scheduler=trainer.lr_scheduler)  # fmt: skip
+
+
+def test_no_private_trl_attribute_is_read_by_the_callback():
+    """callback.py and peft_reference.py read no ``_``-prefixed attribute of any object but their own
+    (``self._x``): TRL's, transformers' and PEFT's private state is out of reach (the issue's ``_metrics``)."""
+    import ast
+    from pathlib import Path
+
+    import prorl_bench.engines.trl.callback as callback_module
+
+    for name in ("callback.py", "peft_reference.py"):
+        tree = ast.parse((Path(callback_module.__file__).parent / name).read_text())
+        private = [
+            f"{name}:{node.lineno}: .{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ]
+        assert private == []
