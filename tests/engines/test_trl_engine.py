@@ -538,3 +538,56 @@ def test_the_private_trl_names_still_mean_what_the_engine_assumes():
     loss = inspect.getsource(GRPOTrainer._compute_loss)
     assert 'ref_per_token_logps = inputs["ref_per_token_logps"]' in loss  # compute_loss's anchor reaches the loss
     assert 'old_per_token_logps = inputs.get("old_per_token_logps")' in loss
+
+
+# --------------------------------------------------------------------------- the CLI around engine=trl
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("opt_reset=medium", "opt_reset=medium is not an option: opt_reset is one of asym, hard, keep, soft"),
+        ("opt_reset=hrad", "did you mean opt_reset=hard?"),
+        ("reset.every==2", "Error parsing override 'reset.every==2'"),
+    ],
+)
+def test_hydras_config_errors_are_the_benchs_one_line_exit_2(tmp_path, model_dir, override, expected):
+    proc = _cli("prorl-bench", ["engine=trl", *_hf(model_dir), "variant=C", override], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prorl-bench: config error: ") and expected in lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing was written
+
+
+def test_reset_parameters_without_their_trigger_warn(model_dir):
+    """variant=C reset.every=2 without reset=periodic runs no resets: the config says so (a warning naming the
+    trigger to select); with the trigger selected, or left at its default, nothing is said."""
+    import warnings
+
+    from prorl_bench.config.root import UnusedOptionKeyWarning
+
+    base = ["engine=trl", *_hf(model_dir), "variant=C"]
+    with pytest.warns(UnusedOptionKeyWarning, match="reset.every=2 has no effect: reset.trigger=none.*reset=periodic"):
+        to_config(compose_cfg([*base, "reset.every=2"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedOptionKeyWarning)
+        assert to_config(compose_cfg([*base, "reset=periodic", "reset.every=2"])).reset.params.every == 2
+        to_config(compose_cfg(base))
+
+
+@pytest.mark.slow
+def test_a_trl_run_without_reward_says_so(tmp_path, model_dir):
+    """The random tiny model never earns reward: after NO_SIGNAL_STEPS RL steps the TRL run warns, on stderr
+    and as an event, as the native trainer does."""
+    from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS
+
+    run = tmp_path / "nosig"
+    args = ["engine=trl", *_hf(model_dir), f"steps={NO_SIGNAL_STEPS}", f"eval_every={NO_SIGNAL_STEPS}",
+            "algo.prompts_per_step=2", "algo.group_size=2", "algo.minibatches=1", "algo.ppo_epochs=1",
+            "task.val_size=2", "eval.n_samples=1", "eval.ks=[1]", "eval.at_start=false", "progress=false",
+            f"run_dir={run}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    proc = _cli("prorl-bench", args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(r["reward/mean"] == 0.0 for r in _rows(run / "metrics.jsonl"))
+    events = [e for e in _rows(run / "events.jsonl") if e["event"] == "warning"]
+    assert [(e["step"], e["reason"]) for e in events] == [(NO_SIGNAL_STEPS, "no_reward_signal")]

@@ -26,6 +26,7 @@ from prorl_bench.engines.trl.build import RewardLog
 from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
 from prorl_bench.engines.trl.meters import StepMeter
 from prorl_bench.run.checkpoint import config_dict, save_verified
+from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, warn_if_no_signal
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
 from prorl_bench.run.outputs import COUNTERS, STAGES
 
@@ -136,6 +137,8 @@ class BenchRunCallback(TrainerCallback):
         row["throughput/tokens_per_s"], row["throughput/samples_per_s"] = self._done[0] / t, self._done[1] / t
         self.out.metrics(row)
         self.history.append(row)
+        if step == NO_SIGNAL_STEPS:  # as native: a run that never earns reward learns nothing; say so
+            warn_if_no_signal(self.cfg, self.history, self.out)
         every = self.cfg.checkpoint.every
         if (every and step % every == 0) or step == self.cfg.steps:
             control.should_save = True
