@@ -537,7 +537,13 @@ class ReferenceResetCallback(TrainerCallback):
             return peft_reference.reference_state(policy)
         if self.ref_model is None:  # beta = 0: no reference at all
             return {}
-        return {k: v.detach().clone() for k, v in unwrap(self.ref_model, "module").state_dict().items()}
+        return unwrap(self.ref_model, "module").state_dict()
+
+    def reference_bytes(self) -> int:
+        """Bytes the reference holds of its own (a full model's weights; the ``ref`` adapter's)."""
+        state = self.reference_state()
+        tensors = state.get("tensors", {}) if "layout" in state else state
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     @torch.no_grad()
     def load_reference_state(self, tensors: dict[str, Any]) -> None:

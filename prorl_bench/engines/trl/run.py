@@ -148,7 +148,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
             out.summary(summary)
             raise Preempted(run.preempted_at, preempt.signum)
         reset_at = [r["step"] for r in run.history if r["reset"]]
-        held = sum(t.numel() * t.element_size() for t in resets.reference_state().values())
+        held = resets.reference_bytes()
         summary |= {"engine": "trl", "resets": len(reset_at), "reset_steps": reset_at,
                     "mem/reference_mb": held / 2**20, "mem/peak_rss_mb": _peak_rss_mb()}  # fmt: skip
         out.event(cfg.steps, "end", "completed")
