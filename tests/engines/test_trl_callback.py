@@ -333,6 +333,56 @@ def test_stall_on_a_training_metric_whatever_trl_logs(model_dir, tmp_path, loggi
     assert all("reward has not improved" in r["reason"] for r in cb.resets)
 
 
+def test_stall_on_an_evaluation_metric(model_dir, tmp_path):
+    """stall with metric='eval_reward' observes each of TRL's evaluations (here after every RL step): a reset
+    comes at the end of the RL step after the evaluation that completed `patience` evaluations without a new
+    best (the evaluation runs after the RL step's end, in TRL's loop)."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    patience = 1
+    cb = ReferenceResetCallback(reset={"kind": "stall", "metric": "eval_reward", "patience": patience})
+    seen = []
+    observe = cb.schedule.observe_validation
+    cb.schedule.observe_validation = lambda v: (seen.append(v), observe(v))[1]
+    evals = []
+
+    class Evals(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kw):
+            evals.append((state.global_step // PER, metrics["eval_reward"]))
+
+    cb_evals = Evals()
+    rec = _Record(cb)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), beta=0.05, max_steps=6 * PER, per_device_train_batch_size=4,
+        steps_per_generation=PER, num_generations=4, max_completion_length=6, use_cpu=True, report_to="none",
+        learning_rate=3e-2, lr_scheduler_type="constant", optim="adamw_torch", bf16=False, disable_tqdm=True,
+        logging_steps=1, seed=0, save_strategy="no", eval_strategy="steps", eval_steps=PER,
+        per_device_eval_batch_size=4, use_bias_correction_kl=False,
+    )  # fmt: skip
+    train = Dataset.from_list([{"prompt": f"[BOS]R{i}{i + 3}="} for i in range(64)])
+    held_out = Dataset.from_list([{"prompt": f"[BOS]S{i}{i + 5}="} for i in range(4)])
+    trainer = GRPOTrainer(model=str(model_dir), args=args, callbacks=[cb, rec.callback, cb_evals],
+                          reward_funcs=lambda completion_ids, **_: [float(sum(ids) % 5) for ids in completion_ids],
+                          train_dataset=train, eval_dataset=held_out)  # fmt: skip
+    trainer.train()
+    assert [s for s, _ in evals] == list(range(1, 7)) and seen == [v for _, v in evals]
+    best, stale, expected = None, 0, []
+    for step, value in evals:
+        if best is None or value > best:
+            best, stale = value, 0
+            continue
+        stale += 1
+        if stale >= patience:
+            expected.append(step + 1)  # decided at the next RL step's end
+            best, stale = None, 0
+    expected = [s for s in expected if s <= 6]
+    assert expected and [r["step"] for r in cb.resets] == expected
+    assert all("eval_reward has not improved" in r["reason"] for r in cb.resets)
+
+
 def test_in_callbacks_list_full_and_lora_reference_is_the_policy_after_a_reset(model_dir, tmp_path):
     """GRPOTrainer(..., callbacks=[ReferenceResetCallback("periodic" every RL step)]): bound at on_train_begin
     (a full model's ref_model found from the running trainer); after training (a reset at the last RL step) the
