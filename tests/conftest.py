@@ -26,7 +26,7 @@ FAST = [
 ]
 
 
-TIMING_PREFIXES = ("time/", "throughput/", "perf/flops_per_s", "perf/mfu")
+TIMING_PREFIXES = ("time/", "throughput/", "perf/flops_per_s", "perf/mfu", "mem/")  # mem/rss_mb: per process
 
 
 def strip_timing(rows: list[dict]) -> list[dict]:

@@ -37,6 +37,11 @@ class StallMetric(str, Enum):
     reward_mean = "val/reward_mean"
 
 
+class ResetSource(str, Enum):  # reset.source (prorl_bench/rl/best.py)
+    current = "current"  # the policy at the reset
+    best = "best"  # the policy at the regular held-out evaluation with the highest pass@1 so far (ProRL v2)
+
+
 class StepPolicy(str, Enum):
     keep = "keep"
     reset = "reset"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prorl_bench import registry
-from prorl_bench.config.enums import GrowthKind, Migration, StallMetric, StepPolicy
+from prorl_bench.config.enums import GrowthKind, Migration, ResetSource, StallMetric, StepPolicy
 from prorl_bench.config.options import bind_params
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
@@ -28,6 +28,10 @@ class ResetConfig:
     # null = the trigger's default (1, a copy; polyak 0.6 = TRL ref_model_mixup_alpha)
     alpha: float | None = None
     min_spacing: int = 0  # no two resets closer than this (steps); a condition inside it is dropped
+    # the weights a reset moves pi_ref toward (its pi_theta): current = the policy at the reset; best = the
+    # policy at the regular held-out evaluation with the highest pass@1 so far (ProRL v2; ties: the
+    # earliest; before the first evaluation: current, and the reset event says so)
+    source: ResetSource = ResetSource.current
     restore_beta: bool = False  # reset the adaptive KL coefficient to its initial value
     params: Any = None  # the trigger's parameters (its dataclass instance; flat keys reset.<name>)
 

@@ -57,6 +57,10 @@ class EvalConfig:
     n_sample_prompts: int = 8  # prompts written with their samples to samples.jsonl (base and final step: all)
     batch: int = 512  # sequences generated per call during evaluation (memory vs speed)
     at_start: bool = True  # evaluate the base policy at step 0 (every run carries its own "before")
+    # samples per held-out prompt at the two endpoints only (the base at step 0, the final step); null: n_samples.
+    # Large k at the ends, a cheap curve between them (issue 43: pass@256 against the base)
+    endpoint_n_samples: int | None = None
+    endpoint_ks: list[int] | None = None  # the k values at the two endpoints; null: ks
 
     def __post_init__(self) -> None:
         _require(self.n_samples >= 1, "eval.n_samples", self.n_samples, ">= 1")
@@ -66,3 +70,23 @@ class EvalConfig:
         _require(len(set(self.ks)) == len(self.ks), "eval.ks", self.ks, "distinct values")
         _require(self.n_sample_prompts >= 0, "eval.n_sample_prompts", self.n_sample_prompts, ">= 0")
         _require(self.batch >= 1, "eval.batch", self.batch, ">= 1")
+        n_end = self.endpoint_n_samples if self.endpoint_n_samples is not None else self.n_samples
+        _require(n_end >= 1, "eval.endpoint_n_samples", self.endpoint_n_samples, ">= 1 (or null: eval.n_samples)")
+        if self.endpoint_ks is not None:
+            bad = [k for k in self.endpoint_ks if not 1 <= k <= n_end]
+            _require(len(self.endpoint_ks) >= 1 and not bad, "eval.endpoint_ks", self.endpoint_ks,
+                     f"a non-empty list of values in [1, {n_end}] (the endpoint samples per prompt)")  # fmt: skip
+            _require(len(set(self.endpoint_ks)) == len(self.endpoint_ks), "eval.endpoint_ks", self.endpoint_ks,
+                     "distinct values")  # fmt: skip
+        elif self.endpoint_n_samples is not None:
+            bad = [k for k in self.ks if k > n_end]
+            _require(
+                not bad, "eval.ks", self.ks, f"values <= eval.endpoint_n_samples={n_end} (or set eval.endpoint_ks)"
+            )
+
+    def at(self, step: int, steps: int) -> tuple[int, list[int]]:
+        """(samples per prompt, ks) of the evaluation at ``step`` of a ``steps``-step run."""
+        if step in (0, steps):
+            n = self.endpoint_n_samples if self.endpoint_n_samples is not None else self.n_samples
+            return n, list(self.endpoint_ks if self.endpoint_ks is not None else self.ks)
+        return self.n_samples, list(self.ks)

@@ -63,6 +63,9 @@ class CodeTaskConfig:
     timeout_s: float = 5.0  # wall-clock limit per test call and for the top level (CPU: the same, rounded up), s
     memory_mb: int = 512  # memory limit per sample (its cgroup: all its processes and shared memory), MiB
     workers: int = 8  # programs run concurrently (sandbox processes)
+    # the largest share of one scored batch that may be scorer_error (the scorer or the sandbox failed, not the
+    # program); above it the run stops with an error (resumable from its last checkpoint); 1.0: never stops
+    max_scorer_error_rate: float = 0.05
     # below isolation 'full' (root + util-linux unshare) or without a layer (cgroup, seccomp) the task refuses
     # to run unless this is true
     allow_weak_isolation: bool = False
@@ -73,6 +76,8 @@ class CodeTaskConfig:
         _require(0 < self.timeout_s <= 600, "task.code.timeout_s", self.timeout_s, "in (0, 600]")
         _require(self.memory_mb >= 32, "task.code.memory_mb", self.memory_mb, ">= 32")
         _require(self.workers >= 1, "task.code.workers", self.workers, ">= 1")
+        _require(0 <= self.max_scorer_error_rate <= 1, "task.code.max_scorer_error_rate", self.max_scorer_error_rate,
+                 "in [0, 1]")  # fmt: skip
         for key in ("path", "val_path"):
             value = getattr(self, key)
             _require(value is None or Path(value).expanduser().is_file(), f"task.code.{key}", value,

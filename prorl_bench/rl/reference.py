@@ -105,12 +105,19 @@ class AdapterReference(torch.nn.Module):
             return self._policy(*args, **kwargs)
 
     @torch.no_grad()
-    def reset_from(self, policy: torch.nn.Module, alpha: float = 1.0) -> None:
-        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref on the adapters (the base is shared)."""
+    def reset_from(
+        self, policy: torch.nn.Module, alpha: float = 1.0, weights: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref on the adapters (the base is shared);
+        ``weights`` (name -> tensor of the policy's trainable parameters: ``reset.source=best``) stand in
+        for the policy's adapters."""
         if policy is not self._policy:
             raise ValueError("an adapter reference can only be reset from the policy it belongs to")
-        for layer, a, b in self._pairs():
-            for ref_t, pol_t in ((a, layer.lora_A), (b, layer.lora_B)):
+        for name, (layer, a, b) in zip(self._names, self._pairs()):
+            src = (layer.lora_A, layer.lora_B)
+            if weights is not None:
+                src = (weights[f"{name}.lora_A"], weights[f"{name}.lora_B"])
+            for ref_t, pol_t in zip((a, b), src):
                 if ref_t.shape != pol_t.shape:
                     raise ValueError(f"reference adapter {tuple(ref_t.shape)} != policy {tuple(pol_t.shape)}")
                 if alpha == 1.0:
@@ -193,9 +200,12 @@ class Reference:
         """Called before every rollout; a moving reference (``moves = True``) updates itself here
         and sets ``self.moved``."""
 
-    def reset_to(self, policy: torch.nn.Module, alpha: float = 1.0) -> None:
-        """A reference reset: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref."""
-        reset_reference(self.model, policy, alpha)
+    def reset_to(
+        self, policy: torch.nn.Module, alpha: float = 1.0, weights: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """A reference reset: pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref; ``weights`` (the policy's
+        trainable parameters by name: ``reset.source=best``'s snapshot) stand in for pi_theta's."""
+        reset_reference(self.model, policy, alpha, weights)
         self.moved = True
 
     def models(self) -> list[torch.nn.Module]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import Config, ResetConfig, StepPolicy
+from prorl_bench.config import Config, GrowthKind, ResetConfig, ResetSource, StepPolicy
 from prorl_bench.registry import RESET_TRIGGERS, config_check, require
 from prorl_bench.rl.opt_state import transform_factors
 
@@ -278,30 +278,73 @@ def warn_step_counter_hazard(cfg: Config) -> None:
         warnings.warn(why, StepCounterHazardWarning, stacklevel=4)
 
 
+class ResetSourceWarning(UserWarning):
+    """reset.source=best with resets that come before the first held-out evaluation."""
+
+
+@config_check
+def check_reset_source(cfg: Config) -> None:
+    """``reset.source=best`` (rl/best.py) keeps a snapshot of the trainable parameters, which rank growth
+    would reshape (refused); a clocked trigger firing before the first regular evaluation
+    (``eval_every``) makes the first resets fall back to the current policy (warned)."""
+    r = cfg.reset
+    if r.source != ResetSource.best or r.trigger == "none":
+        return
+    require(
+        cfg.growth.kind == GrowthKind.none,
+        "reset.source",
+        r.source.value,
+        "'current' with growth=rank (the best snapshot holds the adapters at the rank of its evaluation)",
+    )
+    period = RESET_TRIGGERS[r.trigger].period(r)
+    if period is not None and period < cfg.eval_every:
+        warnings.warn(
+            f"reset.source=best: reset.trigger={r.trigger} resets every {period} steps but the first held-out "
+            f"evaluation is at step eval_every={cfg.eval_every}: resets before it copy the current policy "
+            "(their events say source=current with source_reason). Evaluate at least as often as you reset.",
+            ResetSourceWarning,
+            stacklevel=4,
+        )
+
+
 @torch.no_grad()
-def reset_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float = 1.0) -> None:
+def reset_reference(
+    ref: torch.nn.Module,
+    policy: torch.nn.Module,
+    alpha: float = 1.0,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> None:
     """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter (alpha=1: a copy).
 
     Buffers are copied. Parameter names and shapes must match exactly (fails loudly otherwise).
     A reference that is not a copy of the policy (``reference.AdapterReference``) resets itself.
+    ``weights`` (``reset.source=best``: name -> tensor for the policy's trainable parameters, e.g.
+    ``best.BestPolicy.weights_for``) stand in for those parameters of ``policy``; the frozen ones and the
+    buffers still come from ``policy``.
     """
     if hasattr(ref, "reset_from"):
-        ref.reset_from(policy, alpha)
+        ref.reset_from(policy, alpha, weights)
         return
     ref_params = dict(ref.named_parameters())
     pol_params = dict(policy.named_parameters())
     if ref_params.keys() != pol_params.keys():
         missing = sorted(set(pol_params) ^ set(ref_params))[:5]
         raise ValueError(f"reference and policy parameters differ: {missing}")
+    if weights is not None:
+        trainable = {n for n, p in pol_params.items() if p.requires_grad}
+        if weights.keys() != trainable:
+            raise ValueError(f"reset weights and the policy's trainable parameters differ: "
+                             f"{sorted(set(weights) ^ trainable)[:5]}")  # fmt: skip
     for name, p in pol_params.items():
         r = ref_params[name]
-        if r.shape != p.shape:
-            raise ValueError(f"reference parameter {name} has shape {tuple(r.shape)}, policy {tuple(p.shape)}")
+        src = weights[name] if weights is not None and p.requires_grad else p
+        if r.shape != src.shape:
+            raise ValueError(f"reference parameter {name} has shape {tuple(r.shape)}, policy {tuple(src.shape)}")
         if alpha == 1.0 or not p.requires_grad:
             # a frozen parameter equals its reference copy: mixing would only add rounding
             # (0.4 w + 0.6 w != w in floats), so the frozen base is copied exactly
-            r.copy_(p)
+            r.copy_(src)
         else:
-            r.mul_(1.0 - alpha).add_(p, alpha=alpha)
+            r.mul_(1.0 - alpha).add_(src, alpha=alpha)
     for b_ref, b_pol in zip(ref.buffers(), policy.buffers()):
         b_ref.copy_(b_pol)

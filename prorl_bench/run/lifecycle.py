@@ -24,6 +24,7 @@ import torch
 
 from prorl_bench.config import Config
 from prorl_bench.models.lora import adapter_rank, grow_rank, lora_layers
+from prorl_bench.rl.best import BestPolicy
 from prorl_bench.rl.growth import GrowthSchedule
 from prorl_bench.rl.kl_control import KLController
 from prorl_bench.rl.reference import Reference
@@ -50,6 +51,7 @@ class RunState:
     rng: random.Random  # prompts
     sample_gen: torch.Generator  # token sampling
     shuffle_gen: torch.Generator  # minibatch permutation
+    best: BestPolicy | None = None  # reset.source=best: the best held-out policy so far
     history: list[dict[str, Any]] = field(default_factory=list)  # one metrics row per step
     val_rows: list[dict[str, Any]] = field(default_factory=list)  # one row per evaluation
     base_correct: list[int] | None = None  # correct samples per held-out prompt at the base evaluation (coverage)
@@ -73,6 +75,7 @@ class RunState:
             "history": self.history,
             "val_rows": self.val_rows,
             "base_correct": self.base_correct,
+            "best": None if self.best is None else self.best.state_dict(),
             "skipped": self.guard.skipped,
             "wall_time_s": wall,
         }
@@ -91,6 +94,8 @@ class RunState:
         self.schedule.start, self.schedule.warmup = ckpt["schedule"]
         self.kl_ctl.load_state_dict(ckpt["kl_ctl"])
         self.resets.load_state_dict(ckpt["resets"])
+        if self.best is not None:  # the config (reset.source) matched the checkpoint's, so it holds one
+            self.best.load_state_dict(ckpt["best"], next(self.policy.parameters()).device)
         if self.growth is not None:
             self.growth.load_state_dict(ckpt["growth"])
         restore_rng(ckpt["rng"], self.rng, self.sample_gen, self.shuffle_gen)
@@ -161,6 +166,7 @@ class RunSession:
                 reward=f"{row['reward/mean']:.3f}",
                 kl=_fmt(row["kl/ref"]),
                 ref_share=f"{row['time/ref_share']:.1%}",
+                rss=f"{row.get('mem/rss_mb', float('nan')):.0f}MB",
                 refresh=False,
             )
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import AdapterKind, AdapterReferenceKind, Config, GrowthKind, KLPlacement
+from prorl_bench.config import AdapterKind, AdapterReferenceKind, Config, GrowthKind, KLPlacement, ResetSource
 from prorl_bench.models.dual_lora import attach_dual_lora
 from prorl_bench.models.lora import attach_lora
+from prorl_bench.rl.best import BestPolicy
 from prorl_bench.rl.growth import GrowthSchedule
 from prorl_bench.rl.kl import KLEstimator, build_kl
 from prorl_bench.rl.kl_control import KLController
@@ -125,6 +126,7 @@ def initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: to
     ref = build_reference(cfg.variant.reference, ref_ctx, cfg.variant.params)  # its parameters bound once
     optimizer = build_optimizer(policy, a)
     growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
+    keeps_best = cfg.reset.source == ResetSource.best and cfg.reset.trigger != "none"
     return RunState(
         policy=policy,
         ref=ref,
@@ -137,6 +139,7 @@ def initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: to
         rng=random.Random(cfg.seed),
         sample_gen=torch.Generator(device=device).manual_seed(cfg.seed),
         shuffle_gen=torch.Generator().manual_seed(cfg.seed),
+        best=BestPolicy() if keeps_best else None,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import AdapterKind, LossAgg
+from prorl_bench.config import AdapterKind, LossAgg, ResetSource
 from prorl_bench.models.lora import adapter_rank, grow_rank
 from prorl_bench.models.rollout import Rollout, chunked_logprobs
 from prorl_bench.registry import OPT_TRANSFORMS
@@ -76,7 +76,8 @@ def _reset(ctx: RunContext, s: RunState, batch: Rollout, step: int) -> dict[str,
 
     kl_before = kl_now()
     m_before, v_before = moment_norms(s.optimizer)
-    ref.reset_to(policy, alpha)
+    weights, source = _reset_source(cfg, s)
+    ref.reset_to(policy, alpha, weights)
     opt_info = apply_opt_reset(s.optimizer, cfg.opt_reset)
     warmup = lr_restart_warmup(cfg.opt_reset, cfg.algo.lr_warmup_steps)
     if warmup is not None:
@@ -96,7 +97,22 @@ def _reset(ctx: RunContext, s: RunState, batch: Rollout, step: int) -> dict[str,
         "v_norm_after": v_after,
         "next_lr": s.schedule.lr(step + 1),
         "beta_after": s.kl_ctl.value,
+        **source,
     }
+
+
+def _reset_source(cfg, s: RunState) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+    """The weights a reset moves the reference to (None: the current policy) and the event's fields
+    that say so. ``reset.source=current`` adds no field (its events are those of every earlier
+    version); ``best`` adds ``source`` (what was used: ``best``, or ``current`` before the first
+    regular evaluation, with ``source_reason``), ``best_step`` and ``best_score`` (held-out pass@1)."""
+    if cfg.reset.source != ResetSource.best:
+        return None, {}
+    best = s.best
+    if best is None or not best.exists:
+        why = f"reset.source=best: no regular held-out evaluation yet (the first is at step {cfg.eval_every})"
+        return None, {"source": "current", "source_reason": why, "best_step": None, "best_score": None}
+    return best.weights_for(s.policy), {"source": "best", "best_step": best.step, "best_score": best.score}
 
 
 def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dict[str, Any]]:

@@ -9,6 +9,8 @@ import torch
 
 from prorl_bench.config import Config
 from prorl_bench.run.accounting import COUNTERS, STAGES
+from prorl_bench.run.curve_rules import curve_summary
+from prorl_bench.run.memory import rss_trend
 
 
 def summarize(
@@ -19,7 +21,8 @@ def summarize(
     base_info: dict[str, Any],
     wall: float,
 ) -> dict[str, Any]:
-    """Final and aggregate figures of a completed run (the head/tail are 10% of the steps)."""
+    """Final and aggregate figures of a completed run (the head/tail are 10% of the steps); the
+    ``curve/*`` keys are the plateau, entropy-collapse and held-out-area rules of ``curve_rules``."""
     n = len(history)
     k = max(1, n // 10)
 
@@ -53,6 +56,8 @@ def summarize(
         "throughput/samples_per_s": n * cfg.algo.prompts_per_step * cfg.algo.group_size / step_time,
         "perf/flops_per_s": totals["perf/flops"] / step_time,
         "base": base_info,
+        **rss_trend(history, cfg.steps),
+        **curve_summary(history, val_rows),
     }
 
 

@@ -22,6 +22,7 @@ from prorl_bench.config import Config
 from prorl_bench.run.checkpoint import finished_summary, save_checkpoint
 from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, metrics_row, step_kl, warn_if_no_signal
 from prorl_bench.run.lifecycle import RunSession, RunState
+from prorl_bench.run.memory import RSS_KEY, rss_mb
 from prorl_bench.run.phases import advantages, begin_step, old_logprobs, ppo_update, rollout, score
 from prorl_bench.run.rundir import RunDirLock
 from prorl_bench.run.setup import RunContext, resume, setup_run
@@ -97,6 +98,7 @@ def _train(
             growth = grow_phase(ctx, s, run.out, reset, step)
             row = metrics_row(ctx, sc, adv, upd, kl, reset, growth, beta, step)  # built last, read by no decision
             row.update(acct.row(len(batch), sc.n_gen, ctx.peak_flops))
+            row[RSS_KEY] = rss_mb()  # after the step: a leak shows in the run's own rows (run/memory.py)
             run.step_done(row)
             if step == NO_SIGNAL_STEPS:
                 warn_if_no_signal(cfg, s.history, run.out)

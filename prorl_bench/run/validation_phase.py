@@ -10,6 +10,7 @@ import torch
 
 from prorl_bench.models.rollout import chunked_logprobs
 from prorl_bench.rl.losses import diagnostic_agg
+from prorl_bench.run.curve_rules import pass1
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
 from prorl_bench.run.kl_measure import mean_kl
 from prorl_bench.run.lifecycle import RunState
@@ -30,9 +31,9 @@ def validate_phase(
     step: int,
 ) -> KLStats:
     """Held-out validation every eval_every steps and at the end. Only the regular evaluations feed
-    the stall triggers (and kl/base): the end-of-run one must not, or extending a finished run
-    (steps 35 -> 60) would change its trajectory. Returns the step's KL signals with ``base``
-    measured when the reference has left the base."""
+    the stall triggers, ``reset.source=best``'s snapshot (and kl/base): the end-of-run one must not, or
+    extending a finished run (steps 35 -> 60) would change its trajectory. Returns the step's KL
+    signals with ``base`` measured when the reference has left the base."""
     cfg = ctx.cfg
     regular = step % cfg.eval_every == 0
     if regular or step == cfg.steps:
@@ -41,6 +42,8 @@ def validate_phase(
             if ctx.base_model is not None and regular and not s.ref.is_base:
                 kl = replace(kl, base=_kl_to(ctx, ctx.base_model, s.policy, sc.batch, logp_old, rows))
     if regular:
+        if s.best is not None:  # before this step's reset (reset_phase), which may use it
+            s.best.observe(step, pass1(v), s.policy)
         s.resets.observe_validation(v[cfg.reset.metric.value])
         if s.growth is not None:
             s.growth.observe_validation(v[cfg.reset.metric.value])
@@ -52,6 +55,9 @@ def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progres
     and the samples. Gradient-routing runs (and hack tasks) add ``route/<mode>/...`` (routing.py)."""
     cfg, e, device = ctx.cfg, ctx.cfg.eval, ctx.device
     vgen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+    n_samples, ks = e.at(step, cfg.steps)
+    # coverage classes compare per-prompt counts of equal sample sizes only (the base's are eval.at(0)'s)
+    same_n = n_samples == e.at(0, cfg.steps)[0]
     v, samples = validate(
         s.policy,
         ctx.task,
@@ -61,13 +67,13 @@ def run_validation(ctx: RunContext, s: RunState, out: Any, step: int, on_progres
         banned=ctx.banned,
         generator=vgen,
         device=device,
-        n_samples=e.n_samples,
-        ks=e.ks,
+        n_samples=n_samples,
+        ks=ks,
         n_sample_prompts=prompts_to_write(step, cfg.steps, len(ctx.val_problems), e.n_sample_prompts),
         chunk=e.batch,
         on_progress=on_progress,
         sample=ctx.sample,
-        base_correct=s.base_correct if step > 0 else None,  # coverage classes against the base
+        base_correct=s.base_correct if step > 0 and same_n else None,  # coverage classes against the base
     )
     if step == 0 and len(samples) == len(ctx.val_problems):  # the base evaluation writes every prompt
         s.base_correct = correct_counts(samples)

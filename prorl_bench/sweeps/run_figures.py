@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from prorl_bench.config.metric_catalog import DEFAULT_THRESHOLD, DEFAULT_WINDOW, METRIC_NAMES
+from prorl_bench.run.curve_rules import PASS1, PASS1_FALLBACK, curve_summary
 from prorl_bench.sweeps import stats
 from prorl_bench.sweeps.sweepdir import RunRecord, SweepDirError
 
@@ -76,6 +77,35 @@ def _validation_figures(v: pd.DataFrame, out: dict[str, float]) -> None:
         out["val_passk_base"] = float(base.iloc[0][f"val/pass@{k}"])
 
 
+# curve-rule columns (prorl_bench/run/curve_rules.py): column -> summary.json key the same function fills
+CURVE_METRICS = {
+    "val_pass1_auc": "curve/val_pass1_auc",
+    "curve_plateaued": "curve/plateaued",
+    "curve_steps_to_plateau": "curve/steps_to_plateau",
+    "curve_slope_last": "curve/slope_last",
+    "curve_slope_lo": "curve/slope_lo",
+    "curve_slope_hi": "curve/slope_hi",
+    "curve_collapse_events": "curve/collapse_events",
+    "curve_first_collapse_step": "curve/first_collapse_step",
+}
+
+
+def _curve_figures(run: RunRecord, out: dict[str, float]) -> None:
+    """The plateau, collapse and held-out-area rules, computed from the run's files with the function
+    that fills summary.json's ``curve/*`` keys (so runs written before those keys existed get them too)."""
+    v, m = run.validation, run.metrics
+    has_pass1 = not v.empty and "step" in v and ({PASS1, PASS1_FALLBACK} & set(v.columns))
+    val_rows = v.to_dict("records") if has_pass1 else []  # no held-out pass@1 logged: nan, not an error
+    history = m.to_dict("records") if not m.empty and "step" in m else []
+    try:
+        curve = curve_summary(history, val_rows)
+    except (KeyError, ValueError) as e:
+        raise SweepDirError(f"{run.run_dir}: the curve rules cannot read this run's files: {e}") from e
+    for metric, key in CURVE_METRICS.items():
+        value = curve[key]
+        out[metric] = stats.NAN if value is None else float(value)
+
+
 def _event_figures(run: RunRecord, steps: list[float], window: int, out: dict[str, float]) -> None:
     """Post-event windows of one run (resets and growths): what the W steps after an event look like."""
     m = run.metrics
@@ -120,6 +150,7 @@ def run_metrics(run: RunRecord, threshold: float = DEFAULT_THRESHOLD, window: in
     for key, col in summary_keys:
         out[key] = _summary_number(run.summary, col)
     _validation_figures(run.validation, out)
+    _curve_figures(run, out)
     if m.empty:
         return out
     if "step" not in m.columns:

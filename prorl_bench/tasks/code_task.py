@@ -24,7 +24,10 @@ refuses to run unless ``task.code.allow_weak_isolation=true``.
 Reward: fraction of tests passed (``task.reward=partial``) or 1 only if all pass (``exact``);
 success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``), logged per step as
 ``code/fail/<class>`` (fractions of the rollout) and written with the validation samples. ``score_many``
-never raises for one sample: a failure of the scorer itself on a sample is that sample's ``scorer_error``.
+never raises for one sample's program: a failure of the scorer itself on a sample is that sample's
+``scorer_error``. It raises ``SandboxBroken`` (the run stops, resumable from its last checkpoint) when the
+sandbox cannot be set up (scratch directory, cgroup, uid counter, seccomp filter: the message names it) or
+when more than ``task.code.max_scorer_error_rate`` of the batch is ``scorer_error``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from prorl_bench.tasks.code_compare import Expected, canonical
 from prorl_bench.tasks.sandbox import (
     FAIL_CLASSES,
     Isolation,
+    SandboxBroken,
     SandboxLimits,
     SandboxResult,
     default_hidden,
@@ -55,13 +59,16 @@ from prorl_bench.tasks.sandbox import (
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "code"
 # One class per sample (sandbox.FAIL_CLASSES). ok: every test passed; no_code: nothing to run;
-# syntax_error: the program does not compile; timeout / memory / killed: the sandbox stopped it (the
-# runner's clock or the CPU limit, the sample's memory cgroup's OOM counter, a signal); output_limit: it
-# wrote more than the cap to stdout or stderr, or returned a value larger than the cap; exception: it raised
-# (at top level, or in at least one test) or exited before a test returned; wrong_answer: it ran every test
-# without raising and at least one result differs; scorer_error: the scorer failed on this sample (a bug or
-# a sandbox failure, reported on stderr), which then gets 0. Every class comes from what the sandbox
-# observed, never from the program's words (an exception named MemoryError is an exception).
+# syntax_error: the program does not compile; timeout / memory: the sandbox stopped it (the runner's clock, or
+# its CPU limit as the sample's cgroup counted it; the sample's memory cgroup's counters); crashed: its top
+# level died of a signal no limit explains (a segfault, a signal it sent itself); output_limit: it wrote more
+# than the cap to stdout or stderr, or returned a value larger than the cap; exception: it raised (at top
+# level, or in at least one test), exited or died before a test returned, or broke the runner's protocol;
+# wrong_answer: it ran every test without raising and at least one result differs; scorer_error: the scorer
+# failed on this sample (a bug, reported on stderr), which then gets 0 (above max_scorer_error_rate of a
+# batch the run stops; a sandbox that cannot be set up stops it at once: SandboxBroken). Every class comes
+# from what the sandbox observed, never from the program's words or signals (an exception named MemoryError
+# is an exception, a self-sent SIGXCPU is not a timeout).
 INSTRUCTION = "Reply with the function in a ```python code block."
 REQUIRED = {"id": str, "prompt": str, "entry_point": str, "tests": list}
 
@@ -124,7 +131,7 @@ def judge(result: SandboxResult, n_tests: int) -> tuple[int, str]:
     values count, and the class comes from what the sandbox observed."""
     calls = list(result.calls) + [None] * (n_tests - len(result.calls))
     passed = sum(1 for c in calls if c is not None and c.get("passed") is True)
-    if result.status not in ("ok", "exception"):  # syntax, timeout, memory, killed, output_limit
+    if result.status not in ("ok", "exception"):  # syntax, timeout, memory, crashed, output_limit
         return passed, result.status
     if result.status == "exception" or None in calls:  # crashed or exited before a call returned
         return passed, "exception"
@@ -226,6 +233,8 @@ class CodeTask:
         run_many([programs[i] for i in todo], self.limits, self.c.workers, calls,
                  [problems[i].entry_point for i in todo], hide=self.hidden, checks=checks, on_result=on_result,
                  keep_stdout=0)  # fmt: skip
+        # a SandboxBroken (the sandbox cannot be set up) has raised above: the run stops
+        check_scorer_errors(fails, self.c.max_scorer_error_rate)
         rewards, success, infos = [], [], []
         for i, p in enumerate(problems):
             ok = fails[i] == "ok"
@@ -242,6 +251,16 @@ class CodeTask:
         out = {f"code/fail/{c}": sum(i["fail"] == c for i in infos) / n for c in FAIL_CLASSES}
         out["code/tests_passed"] = sum(i["passed"] / i["tests"] for i in infos) / n
         return out
+
+
+def check_scorer_errors(fails: Sequence[str], max_rate: float) -> None:
+    """Raise SandboxBroken when more than ``max_rate`` of a scored batch is ``scorer_error``: the scorer or
+    the sandbox is failing, and training on those zeros would make the run quietly wrong."""
+    n = sum(f == "scorer_error" for f in fails)
+    if fails and n / len(fails) > max_rate:
+        raise SandboxBroken(f"task=code: {n} of {len(fails)} samples of this batch were scorer_error (the scorer "
+                            f"failed, not the program: see the errors above), more than "
+                            f"task.code.max_scorer_error_rate={max_rate}; the run stops")  # fmt: skip
 
 
 @TASKS.register("code")

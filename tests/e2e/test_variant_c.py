@@ -38,8 +38,8 @@ def test_periodic_reset_makes_the_reference_equal_to_the_policy(base_cache, tmp_
     snapshots = []
     real = reference.reset_reference
 
-    def spy(ref, policy, alpha=1.0):
-        real(ref, policy, alpha)
+    def spy(ref, policy, alpha=1.0, weights=None):
+        real(ref, policy, alpha, weights)
         pairs = zip(ref.parameters(), policy.parameters())
         snapshots.append([(r.detach().clone(), p.detach().clone()) for r, p in pairs])
 

@@ -188,6 +188,12 @@ def test_no_reference_is_refused_when_resets_are_asked_for(model_dir):
         ReferenceResetCallback(reset={"kind": "periodic", "every": 1}, trainer=trainer)
 
 
+def test_reset_source_best_is_refused_by_the_callback():
+    # refused before the trainer is read: the callback keeps no snapshot of the best held-out policy
+    with pytest.raises(ValueError, match="reset.source=best is not supported"):
+        ReferenceResetCallback(reset={"kind": "periodic", "every": 1, "source": "best"})
+
+
 def _logps(trainer, model) -> torch.Tensor:
     """Per-token log-probs of IDS's last 4 tokens as TRL computes them for its KL term."""
     with torch.no_grad():

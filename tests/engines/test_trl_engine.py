@@ -77,6 +77,7 @@ def test_docs_table_is_generated_from_the_rules():
         (["algo=rloo"], "algo.advantage"),
         (["algo.dynamic_sampling=true"], "algo.dynamic_sampling"),
         (["model.impl=fast"], "model.impl"),
+        (["variant=C", "reset=periodic", "reset.source=best"], "reset.source"),
     ],
 )
 def test_refused_knobs_name_the_key(model_dir, overrides, key):

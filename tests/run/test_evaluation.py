@@ -166,3 +166,22 @@ def test_the_end_of_run_report_shows_real_completions_and_the_paths(run_exp):
     last = [r for r in read_jsonl(d / "samples.jsonl") if r["step"] == 6]
     assert f"{last[0]['prompt']!r} → want {last[0]['target']!r}" in text
     assert "pass@4" in text and str(d / "summary.json") in text
+
+
+def test_endpoint_evaluations_take_their_own_sample_size(run_exp):
+    """eval.endpoint_n_samples / endpoint_ks apply to the base (step 0) and the final evaluation only; the
+    evaluations between them keep n_samples / ks, and the coverage classes (against the base's per-prompt
+    counts) are computed only where the sample sizes match (the final step)."""
+    import json
+
+    _, d = run_exp(["eval.n_samples=2", "eval.ks=[1,2]", "eval.endpoint_n_samples=8", "eval.endpoint_ks=[1,4,8]"])
+    rows = {r["step"]: r for r in map(json.loads, (d / "validation.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [0, 3, 6]
+    for step in (0, 6):
+        assert {"val/pass@1", "val/pass@4", "val/pass@8"} <= set(rows[step]) and "val/pass@2" not in rows[step]
+    assert "val/pass@2" in rows[3] and "val/pass@8" not in rows[3]
+    assert not any(k.startswith("val/coverage") for k in rows[3])
+    assert any(k.startswith("val/coverage@8") for k in rows[6])
+    samples = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
+    n_per_prompt = {s["step"]: len(s["samples"]) for s in samples}
+    assert n_per_prompt[0] == n_per_prompt[6] == 8 and n_per_prompt[3] == 2

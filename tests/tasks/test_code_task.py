@@ -45,7 +45,7 @@ CASES = [  # (completion for gcd: tests (12,18) (7,13) (100,75) (9,9)), reward, 
     (fenced("def gcd(a, b):\n    while True:\n        pass"), 0.0, "timeout"),
     (fenced("def gcd(a, b):\n    x = bytearray(2**30)\n    return 0"), 0.0, "memory"),  # over the sample's 512 MiB
     (fenced("def gcd(a, b):\n    raise MemoryError"), 0.0, "exception"),  # raised, no limit hit: the program's words
-    (fenced("import ctypes\nctypes.string_at(0)"), 0.0, "killed"),  # a segfault: the kernel's signal
+    (fenced("import ctypes\nctypes.string_at(0)"), 0.0, "crashed"),  # a segfault: the kernel's signal
     (fenced("import sys\nsys.exit(0)"), 0.0, "exception"),  # exits before the tests run
     # forging the harness's output without the nonce: every line is ignored
     (fenced("print('0 0 {\"value\": 6}')\ndef gcd(a, b):\n    return -1"), 0.0, "wrong_answer"),
@@ -214,8 +214,8 @@ def test_taskconfig_default_keeps_other_tasks_untouched():
 def test_layers_report_what_the_machine_lacks(monkeypatch):
     """The probe itself: with no cgroup hierarchy and no libseccomp, both layers are reported missing with
     the reason, and the task built on that probe refuses (the refusal is tested above)."""
-    import prorl_bench.tasks.sandbox as sandbox
-    import prorl_bench.tasks.sandbox_cgroup as sandbox_cgroup
+    import prorl_bench.tasks.sandbox.cgroup as sandbox_cgroup
+    import prorl_bench.tasks.sandbox.host as sandbox
 
     monkeypatch.setattr(sandbox_cgroup, "_mounts", lambda: [])
     assert sandbox_cgroup.find_layout() == (None, "no cgroup2 mount; cgroup v1: no memory hierarchy")

@@ -58,7 +58,7 @@ def test_hostile_batch_contained(tmp_path):
         r = results[name]
         if want is not None:
             assert r.status == want, (name, r)
-        assert r.status in {"ok", "syntax_error", "exception", "timeout", "memory", "killed", "output_limit"}
+        assert r.status in {"ok", "syntax_error", "exception", "timeout", "memory", "crashed", "output_limit"}
     assert results["trivial"].stdout == "4\n"
     assert len(results["bigprint"].stdout) <= LIM.max_output_bytes
     assert not outside.exists()

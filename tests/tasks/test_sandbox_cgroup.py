@@ -1,4 +1,4 @@
-"""The cgroup layer's files (prorl_bench/tasks/sandbox_cgroup.py) on a fake cgroup tree: which hierarchy is
+"""The cgroup layer's files (prorl_bench/tasks/sandbox/cgroup.py) on a fake cgroup tree: which hierarchy is
 chosen, what a sample's group is given, how its memory-limit counters are read. The real v1 hierarchy is
 exercised by tests/tasks/test_sandbox_v3.py; cgroup v2 is only checked here (this project's VMs have no v2
 controllers)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import prorl_bench.tasks.sandbox_cgroup as cg
+import prorl_bench.tasks.sandbox.cgroup as cg
 
 
 def fake(monkeypatch, tmp_path, mounts, own):
@@ -32,6 +32,7 @@ def test_v2_is_used_where_the_controllers_are_delegated(monkeypatch, tmp_path):
     assert g.procs_files() == [f"{sample}/cgroup.procs"]
     (sample / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
     assert g.limit_hits() == 4  # 3 refused charges + 1 OOM kill
+    assert g.cpu_counters() == [(f"{sample}/cpu.stat", "usage_usec", 1e-6)]
 
 
 def test_v2_without_delegation_falls_back_to_v1_or_says_why(monkeypatch, tmp_path):
@@ -40,10 +41,10 @@ def test_v2_without_delegation_falls_back_to_v1_or_says_why(monkeypatch, tmp_pat
     (d / "cgroup.controllers").write_text("cpu memory pids\n")
     (d / "cgroup.subtree_control").write_text("\n")
     mounts = [(str(d), "cgroup2", set())]
-    for c in cg.CONTROLLERS:
+    for c in cg.V1_CONTROLLERS:
         (tmp_path / c).mkdir()
         mounts.append((str(tmp_path / c), "cgroup", {"rw", c}))
-    fake(monkeypatch, tmp_path, mounts, {"": "/", **{c: "/" for c in cg.CONTROLLERS}})
+    fake(monkeypatch, tmp_path, mounts, {"": "/", **{c: "/" for c in cg.V1_CONTROLLERS}})
     layout, _ = cg.find_layout()
     assert layout.version == 1 and layout.parents["pids"] == str(tmp_path / "pids") + "/"
     g = cg.SampleCgroup(layout, "u8")
@@ -55,6 +56,7 @@ def test_v2_without_delegation_falls_back_to_v1_or_says_why(monkeypatch, tmp_pat
     (m / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     (m / "memory.failcnt").write_text("5\n")
     assert g.limit_hits() == 7
+    assert g.cpu_counters() == [(f"{tmp_path}/cpuacct/{g.name}/cpuacct.usage", "", 1e-9)]
     fake(monkeypatch, tmp_path, mounts[:2], {"": "/", "memory": "/"})  # no pids, no cpu hierarchy
     assert cg.find_layout() == (None, f"cgroup2 {d}/: controllers not delegated to children (cgroup.subtree_control: "
                                       "[]); cgroup v1: no pids hierarchy")  # fmt: skip

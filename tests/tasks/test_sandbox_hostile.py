@@ -18,7 +18,7 @@ import pytest
 from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.tasks.code_task import DATA_DIR, CodeTask
 from prorl_bench.tasks.sandbox import WALL_MARGIN_S, SandboxLimits, isolation, run_program
-from prorl_bench.tasks.sandbox_uids import UIDS
+from prorl_bench.tasks.sandbox.uids import UIDS
 
 ISO = isolation()
 if ISO.level != "full":

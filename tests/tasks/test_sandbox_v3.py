@@ -20,7 +20,7 @@ from prorl_bench.config import CodeTaskConfig, RewardKind, TaskConfig
 from prorl_bench.run.evaluation import score_details
 from prorl_bench.tasks.code_task import CodeProblem, CodeTask
 from prorl_bench.tasks.sandbox import SandboxLimits, isolation, layers, run_program
-from prorl_bench.tasks.sandbox_uids import UIDS
+from prorl_bench.tasks.sandbox.uids import UIDS
 
 ISO = isolation()
 pytestmark = pytest.mark.skipif(
@@ -71,9 +71,12 @@ def test_an_overflowing_answer_fails_its_sample_only(task):
     assert [i["fail"] for i in infos] == ["ok", "wrong_answer", "wrong_answer", "wrong_answer", "exception", "ok"]
 
 
-def test_a_scorer_failure_is_its_sample_class_only(task):
+def test_a_scorer_failure_is_its_sample_class_only():
     """Whatever fails inside the scorer for one sample (here: an expected value no JSON can hold, so the
-    comparison cannot be built) is that sample's ``scorer_error``; the batch is scored."""
+    comparison cannot be built) is that sample's ``scorer_error``; the batch is scored (at a rate of
+    scorer errors within ``max_scorer_error_rate``: tests/tasks/test_sandbox_v4.py checks the rate above)."""
+    cfg = CodeTaskConfig(timeout_s=3.0, workers=2, memory_mb=256, max_scorer_error_rate=0.5)
+    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
     gcd = problem(task, "gcd")
     broken = own_problem([float("nan")])
     rewards, _, infos = task.score_many([fenced(GCD), fenced("def f():\n    return 1.0")], [gcd, broken])

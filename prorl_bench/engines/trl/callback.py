@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from prorl_bench.config import OptResetConfig, ResetConfig, StepPolicy
+from prorl_bench.config import OptResetConfig, ResetConfig, ResetSource, StepPolicy
 from prorl_bench.config.options import common_keys, split_section
 from prorl_bench.engines.trl import peft_reference
 from prorl_bench.engines.trl.config_map import REFERENCE_ADAPTER, trl_version_problem
@@ -231,6 +231,11 @@ class ReferenceResetCallback(TrainerCallback):
         # the CLI's config check warns for the engine's ResetConfig; a script's dicts are checked here
         if not isinstance(reset, ResetConfig) and (hazard := step_counter_hazard(self.reset_cfg, self.opt_cfg)):
             warnings.warn(hazard, StepCounterHazardWarning, stacklevel=2)
+        if ResetSource(self.reset_cfg.source) != ResetSource.current:  # config_map refuses it for engine=trl too
+            raise ValueError(
+                f"ReferenceResetCallback: reset.source={ResetSource(self.reset_cfg.source).value} is not supported "
+                "(it resets TRL's reference from the live policy and keeps no snapshot of the best held-out one)"
+            )
         if lr_warmup_steps < 0:
             raise ValueError(f"lr_warmup_steps={lr_warmup_steps}: >= 0")
         self.schedule = ResetSchedule(self.reset_cfg)

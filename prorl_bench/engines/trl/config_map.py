@@ -237,6 +237,16 @@ RULES: tuple[Rule, ...] = (
     Rule("kl_ctl.*", "n/a (fixed beta)"),
     # ---- resets and optimizer state: the bench's own semantics, applied to TRL's trainer
     Rule(
+        "reset.source",
+        "current: `ReferenceResetCallback` copies the policy",
+        _unless(
+            lambda c: c.reset.source.value == "current",
+            "not wired for engine=trl: the callback resets TRL's reference from the live policy and keeps no "
+            "snapshot of the best held-out policy (use engine=native for reset.source=best)",
+        ),
+        "best",
+    ),
+    Rule(
         "reset.*",
         "`ReferenceResetCallback`: the same trigger registry (periodic, kl_spike, stall, polyak); "
         "kl_spike reads TRL's logged `kl` (current policy vs reference, mean over the step's optimizer steps)",

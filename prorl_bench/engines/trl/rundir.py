@@ -28,6 +28,7 @@ from prorl_bench.engines.trl.meters import StepMeter
 from prorl_bench.run.checkpoint import config_dict, save_verified
 from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, warn_if_no_signal
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
+from prorl_bench.run.memory import RSS_KEY, rss_mb
 from prorl_bench.run.outputs import COUNTERS, STAGES
 
 BENCH_STATE = "prorl_bench_state.pt"  # in TRL's checkpoint-N directory, next to its optimizer.pt
@@ -135,6 +136,7 @@ class BenchRunCallback(TrainerCallback):
         t = row["time/step"]
         row["time/ref_share"] = row["time/ref_logprob"] / t if t > 0 else 0.0
         row["throughput/tokens_per_s"], row["throughput/samples_per_s"] = self._done[0] / t, self._done[1] / t
+        row[RSS_KEY] = rss_mb()  # as native (prorl_bench/run/memory.py)
         self.out.metrics(row)
         self.history.append(row)
         if step == NO_SIGNAL_STEPS:  # as native: a run that never earns reward learns nothing; say so

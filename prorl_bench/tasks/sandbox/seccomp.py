@@ -17,7 +17,11 @@ Refused (``EPERM`` unless noted):
 - other processes and the kernel: ``ptrace``, ``process_vm_readv/writev``, ``pidfd_getfd``, ``kcmp``, ``bpf``,
   ``perf_event_open``, ``userfaultfd``, ``io_uring_*`` (its operations bypass seccomp), mounts and the new mount
   API, ``chroot``, ``pivot_root``, modules, ``kexec``, ``reboot``, swap, ``acct``, quotas, clocks,
-  host/domain names, ``syslog``, ``open_by_handle_at``, ``fanotify_init``, ``iopl``/``ioperm``/``modify_ldt``.
+  host/domain names, ``syslog``, ``open_by_handle_at``, ``fanotify_init``, ``iopl``/``ioperm``/``modify_ldt``,
+  ``statmount``, ``listmount``, ``open_tree_attr`` (by number where libseccomp does not know them);
+- the host's page cache: ``fadvise64`` (``POSIX_FADV_DONTNEED`` evicts a shared file's cached pages, e.g. the
+  stdlib's), ``madvise`` with ``MADV_COLD``/``MADV_PAGEOUT``, ``process_madvise`` (every other ``madvise``,
+  which only touches the caller's own mappings, is allowed: malloc needs it).
 """
 
 import ctypes
@@ -40,8 +44,12 @@ DENIED_SYSCALLS = (
     "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "settimeofday",
     "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "syslog", "open_by_handle_at",
     "name_to_handle_at", "fanotify_init", "iopl", "ioperm", "modify_ldt", "vhangup", "lookup_dcookie", "uselib",
-    "nfsservctl", "_sysctl",
+    "nfsservctl", "_sysctl", "fadvise64", "process_madvise", "open_tree_attr", "statmount", "listmount",
 )  # fmt: skip
+# System calls newer than some libseccomp releases (2.5 resolves none of these): their numbers, the same on
+# every architecture since Linux 5.1 numbered new calls alike (asm-generic), used when the name is unknown.
+UNIFIED_NUMBERS = {"statmount": 457, "listmount": 458, "open_tree_attr": 467}
+MADV_COLD, MADV_PAGEOUT = 20, 21  # reclaim pages of a mapping: on a shared file, the host's page cache
 
 
 class _ArgCmp(ctypes.Structure):
@@ -70,6 +78,8 @@ def build_seccomp_filter():
     def rule(action, name, *cmps):
         nr = lib.seccomp_syscall_resolve_name(name.encode())
         if nr < 0:
+            nr = UNIFIED_NUMBERS.get(name, -1)
+        if nr < 0:
             return  # not a system call of this architecture
         arr = (_ArgCmp * max(1, len(cmps)))(*cmps)
         rc = lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), arr)
@@ -80,6 +90,8 @@ def build_seccomp_filter():
     for name in DENIED_SYSCALLS:
         rule(eperm, name)
     rule(_errno_action(errno.ENOSYS), "clone3")
+    for advice in (MADV_COLD, MADV_PAGEOUT):
+        rule(eperm, "madvise", _ArgCmp(2, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, advice))
     for flag in CLONE_NEW_FLAGS.values():
         rule(eperm, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
     no_family = _errno_action(errno.EAFNOSUPPORT)

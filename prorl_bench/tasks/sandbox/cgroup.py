@@ -5,7 +5,11 @@ cgroup v2 is used where this process's cgroup delegates the ``memory``, ``pids``
 its children; cgroup v1 otherwise (a hierarchy per controller). A sample's group is made beside nowhere
 else: under this process's own group of each hierarchy, so whatever limits the machine puts on the trainer
 also bound its samples. The group's name holds this process's pid and the sample's uid (unique: see
-``sandbox_uids``), so no lock is needed; groups left by a process that died are removed by the next one.
+``uids.py``), so no lock is needed; groups left by a process that died are removed by the next one.
+
+Its CPU time (v2 ``cpu.stat``, v1 ``cpuacct.usage``) is read by the runner around each phase: a process
+that died of ``SIGXCPU``/``SIGKILL`` is classed ``timeout`` only when the group's CPU shows the limit was
+reached (a program can send itself either signal).
 
 The memory limit charges every page a process of the sample faults in (anonymous, page cache, shmem:
 ``memfd``, ``/dev/shm``, the private ``/tmp``) to the sample; at the limit the kernel's OOM killer kills a
@@ -23,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu")  # cgroup v2 (its cpu.stat counts the group's CPU time)
+V1_CONTROLLERS = (*CONTROLLERS, "cpuacct")  # cgroup v1: CPU time is counted by cpuacct
 PREFIX = "prorl_sbx_"
 
 
@@ -83,7 +88,7 @@ def _v2_layout(mounts, own) -> tuple[CgroupLayout | None, str]:
 
 def _v1_layout(mounts, own) -> tuple[CgroupLayout | None, str]:
     parents = {}
-    for c in CONTROLLERS:
+    for c in V1_CONTROLLERS:
         points = [m for m, t, opts in mounts if t == "cgroup" and c in opts]
         if not points or c not in own:
             return None, f"cgroup v1: no {c} hierarchy"
@@ -181,6 +186,13 @@ class SampleCgroup:
             return [(f"{d}/memory.events", "oom_kill"), (f"{d}/memory.events", "max")]
         return [(f"{d}/memory.oom_control", "oom_kill"), (f"{d}/memory.failcnt", "")]
 
+    def cpu_counters(self) -> list[tuple[str, str, float]]:
+        """(file, key, seconds per unit) whose values sum to the CPU time every process of the sample used:
+        what tells a signal of RLIMIT_CPU (the limit was reached) from one the program sent itself."""
+        if self.layout.version == 2:
+            return [(f"{self.dirs['cpu']}/cpu.stat", "usage_usec", 1e-6)]
+        return [(f"{self.dirs['cpuacct']}/cpuacct.usage", "", 1e-9)]
+
     def limit_hits(self) -> int:
         total = 0
         for path, key in self.counters():
@@ -199,9 +211,22 @@ class SampleCgroup:
                 pass
         return sorted(out)
 
+    def _empty_memory(self) -> None:
+        """Uncharge the page cache the sample's reads charged to its group (files of the host's shared
+        trees): a removed group whose pages are still charged lives on in the kernel, one per sample."""
+        d = self.dirs["memory"]
+        try:
+            if self.layout.version == 1:
+                _write(f"{d}/memory.force_empty", "0")
+            else:
+                _write(f"{d}/memory.reclaim", str(2**40))  # kernel 5.19+; older kernels: best effort
+        except OSError:
+            pass  # already gone, or nothing the kernel could reclaim (rmdir then still works)
+
     def destroy(self) -> None:
-        """Kill every process still in the group, then remove it (retried while the kernel finishes reaping,
-        for up to 10 s: a loaded machine may take that long to tear down a large process tree)."""
+        """Kill every process still in the group, uncharge its memory, then remove it (retried while the kernel
+        finishes reaping, for up to 10 s: a loaded machine may take that long to tear down a large process
+        tree)."""
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             left = self.pids()
@@ -210,6 +235,8 @@ class SampleCgroup:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            if not left:
+                self._empty_memory()
             busy = False
             for d in sorted(set(self.dirs.values())):
                 try:
