@@ -88,17 +88,36 @@ def _compose(overrides: list[str], hydra_node: bool = False):
         return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_node)
 
 
+def composition_problem(e: Exception, prog: str = "prorl-bench") -> str | None:
+    """Hydra's error for a command line that names an option no group has, or that does not parse,
+    as the bench's one line (Hydra's own is several lines and exits 1); None for any other error."""
+    import difflib
+
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        options = list(e.options or [])
+        close = difflib.get_close_matches(name, options, n=2, cutoff=0.6)
+        hint = f"; did you mean {group}={' or '.join(close)}?" if close else ""
+        return f"{prog}: config error: {group}={name} is not an option: {group} is one of {', '.join(options)}{hint}"
+    if isinstance(e, OverrideParseException):
+        return f"{prog}: config error: {str(e).splitlines()[0]} (Hydra's override syntax: key=value)"
+    return None
+
+
 def validate_single_run(overrides: list[str]) -> str | None:
-    """Compose and validate a single run's config: its ConfigError as the message, else None.
-    Composition errors are left to Hydra (it reports them before creating anything)."""
+    """Compose and validate a single run's config: its ConfigError as the message, else None. An
+    unknown option or an override that does not parse is the bench's one line too
+    (``composition_problem``); any other composition error is left to Hydra."""
     from prorl_bench.cli.option_code import load_option_code
     from prorl_bench.config import to_config
 
     load_option_code()
     try:
         cfg = _compose(list(overrides))
-    except Exception:  # noqa: BLE001 - Hydra reports its own composition errors, unchanged
-        return None
+    except Exception as e:  # noqa: BLE001 - Hydra reports the composition errors the bench does not word
+        return composition_problem(e)
     try:
         with warnings.catch_warnings():  # the run itself warns (once), not this check
             warnings.simplefilter("ignore")

@@ -112,25 +112,31 @@ class StepCounterHazardWarning(UserWarning):
     """soft/asym shrinks Adam's v while keeping its step counter, at frequent resets."""
 
 
+def step_counter_hazard(r: Any, o: Any) -> str | None:
+    """The warning text when ``o`` (an OptResetConfig) scales Adam's v down while keeping its step counter
+    and ``r``'s trigger resets on a clock of at most ``FREQUENT_RESETS`` steps (else None). Reads what the
+    options declare: the transform's factors and step policy, the trigger's ``period``. TRL's
+    ``ReferenceResetCallback`` warns with the same text."""
+    _, v_scale, reset_step = transform_factors(o)  # once, at config time
+    period = _period(r)
+    if v_scale < 1.0 and not reset_step and period is not None and period <= FREQUENT_RESETS:
+        return (
+            f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step={StepPolicy.keep.value}, and "
+            f"resets come every {period} steps: the effective step size ratchets up at each reset (measured: "
+            "learning collapses). Use opt_reset.step=reset, opt_reset=hard, or less frequent resets."
+        )
+    return None
+
+
 @registry.config_check
 def warn_step_counter_hazard(cfg: Any) -> None:
     """Scaling Adam's second moment v down while keeping ``step`` removes the bias correction's
     compensation: each reset multiplies the effective step size, and v recovers only at (1 - beta2)
     per step. Repeated every <= 25 steps it collapsed learning (success 0.000 vs 0.61-0.70 for hard,
-    3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time. Reads what the
-    options declare: the transform's factors and step policy, the trigger's ``period``."""
-    o, r = cfg.opt_reset, cfg.reset
-    _, v_scale, reset_step = transform_factors(o)  # once, at config time
-    period = _period(r)
-    frequent = period is not None and period <= FREQUENT_RESETS
-    if cfg.variant.resets and v_scale < 1.0 and not reset_step and frequent:
-        warnings.warn(
-            f"opt_reset={o.kind} scales Adam's v by {v_scale} with opt_reset.step={StepPolicy.keep.value}, and "
-            f"resets come every {period} steps: the effective step size ratchets up at each reset (measured: "
-            "learning collapses). Use opt_reset.step=reset, opt_reset=hard, or less frequent resets.",
-            StepCounterHazardWarning,
-            stacklevel=4,
-        )
+    3 of 3 seeds; a 10-step LR re-warm-up did not absorb it). Warn at config time (``step_counter_hazard``)."""
+    why = step_counter_hazard(cfg.reset, cfg.opt_reset) if cfg.variant.resets else None
+    if why is not None:
+        warnings.warn(why, StepCounterHazardWarning, stacklevel=4)
 
 
 def _period(reset: Any) -> int | None:

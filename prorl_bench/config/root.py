@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -263,8 +265,26 @@ def _keep_selected(section: dict[str, Any], reg: registry.Registry) -> None:
         return
     cls = reg.params_class(name)
     own = {f.name for f in fields(cls)} if cls is not None else set()
-    others = {f.name for n in reg.names() if (c := reg.params_class(n)) is not None for f in fields(c)} - own
-    section[PARAMS] = {k: v for k, v in section[PARAMS].items() if k not in others}
+    owners: dict[str, list[str]] = {}  # another option's parameter -> the options that take it
+    defaults: dict[str, list[Any]] = {}
+    for n in reg.names():
+        for f in fields(c) if (c := reg.params_class(n)) is not None else ():
+            if f.name not in own:
+                owners.setdefault(f.name, []).append(n)
+                if f.default is not MISSING_FIELD:
+                    defaults.setdefault(f.name, []).append(getattr(f.default, "value", f.default))
+    # a value no option has as its default was set by the command line or a config file: it does nothing here
+    unused = {k: v for k, v in section[PARAMS].items() if k in owners and v not in defaults.get(k, [])}
+    if unused:
+        keys = ", ".join(f"{reg.section}.{k}={v}" for k, v in unused.items())
+        takes = "; ".join(f"{reg.section}.{k} is a parameter of {', '.join(owners[k])}" for k in unused)
+        warnings.warn(
+            f"{keys} has no effect: {reg.section}.{reg.selector}={name} ({takes}; select it: "
+            f"{reg.section}={owners[next(iter(unused))][0]})",
+            UnusedOptionKeyWarning,
+            stacklevel=2,
+        )
+    section[PARAMS] = {k: v for k, v in section[PARAMS].items() if k not in owners}
 
 
 def as_dict(conf: Config) -> dict[str, Any]:
@@ -275,6 +295,10 @@ def as_dict(conf: Config) -> dict[str, Any]:
         out[section].pop(PARAMS, None)
         out[section].update(flat_params(getattr(conf, section)))
     return out
+
+
+class UnusedOptionKeyWarning(UserWarning):
+    """A parameter of an option the config does not select (``reset=none reset.every=2``)."""
 
 
 # Keys a named grid adds at the top level through `+group=option` (content packaged _global_).

@@ -25,6 +25,7 @@ from prorl_bench.config import ResetConfig
 from prorl_bench.config.builtin_options import KLSpikeParams, StallParams
 from prorl_bench.config.events import ResetSourceWarning as ResetSourceWarning  # re-exported
 from prorl_bench.config.events import StepCounterHazardWarning as StepCounterHazardWarning  # re-exported
+from prorl_bench.config.events import step_counter_hazard as step_counter_hazard  # re-exported (TRL callback)
 from prorl_bench.registry import RESET_TRIGGERS
 
 

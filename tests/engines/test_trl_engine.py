@@ -122,6 +122,17 @@ def test_refusal_fails_fast_from_the_cli(tmp_path, model_dir):
 MB, EPOCHS, RL_STEPS = 2, 2, 2  # minibatches x PPO epochs per RL step (TRL: steps_per_generation, num_iterations)
 
 
+@pytest.fixture
+def one_thread():
+    """Bitwise comparisons across differently grouped rows (A0's minibatch vs A1's chunk of the generation
+    batch; pi_old's scoring chunk vs the loss's minibatch) hold with one intra-op thread: with two, the CPU
+    matmul's blocking depends on the row count and the last bits differ (seen on a 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _bench_trainer(model_dir: Path, tmp: Path, source: str, beta: float = 0.01, mb: int = MB, epochs: int = EPOCHS,
                    lora: bool = False):  # fmt: skip
     """TRL's trainer with the bench's reference source, on a reward with spread (the sum of the
@@ -177,7 +188,7 @@ def _train(trainer):
     return rec, refs
 
 
-def test_a0_equals_a1_on_trl_with_ppo_epochs_times_the_reference_forwards(tmp_path, model_dir):
+def test_a0_equals_a1_on_trl_with_ppo_epochs_times_the_reference_forwards(tmp_path, model_dir, one_thread):
     """A0 recomputes the frozen reference's log-probs in every loss computation: the same values as A1's
     one pass per generation batch, so the same losses, KL, gradients and weights (bitwise); the reference
     runs once per minibatch per epoch instead of once per minibatch-sized chunk of the batch: ppo_epochs x
@@ -196,7 +207,7 @@ def test_a0_equals_a1_on_trl_with_ppo_epochs_times_the_reference_forwards(tmp_pa
     assert ref0.tokens == EPOCHS * ref1.tokens > 0
 
 
-def test_a0_equals_a1_on_trl_with_a_lora_policy(tmp_path, model_dir):
+def test_a0_equals_a1_on_trl_with_a_lora_policy(tmp_path, model_dir, one_thread):
     """With PEFT, TRL's reference is the policy with its adapters disabled: A0 recomputes it inside the
     loss under TRL's own ``use_adapter``, between the policy's forwards, and still trains exactly as A1."""
     pytest.importorskip("peft")
@@ -210,7 +221,7 @@ def test_a0_equals_a1_on_trl_with_a_lora_policy(tmp_path, model_dir):
     assert any(r["kl"] > 0 for r in logs[0])
 
 
-def test_b_anchors_the_kl_at_pi_old_without_a_reference_model(tmp_path, model_dir):
+def test_b_anchors_the_kl_at_pi_old_without_a_reference_model(tmp_path, model_dir, one_thread):
     """B with beta > 0: no reference model is loaded; the KL term is k3 to pi_old (TRL's own
     old_per_token_logps). So it is 0 on each RL step's first minibatch (the policy *is* pi_old there);
     on RL step 1 pi_old is the initial policy, i.e. A1's reference: the two runs agree bitwise there."""
@@ -229,7 +240,7 @@ def test_b_anchors_the_kl_at_pi_old_without_a_reference_model(tmp_path, model_di
     assert any(v > 0 for v in rec_b.kl_old)
 
 
-def test_b_with_one_minibatch_and_epoch_has_no_kl_term(tmp_path, model_dir):
+def test_b_with_one_minibatch_and_epoch_has_no_kl_term(tmp_path, model_dir, one_thread):
     """One minibatch, one epoch: TRL computes no pi_old (the policy is pi_old at the loss), k3 and its
     gradient are exactly 0, so B at beta > 0 trains exactly as beta = 0 (TRL's plain B)."""
     runs = []
@@ -241,7 +252,7 @@ def test_b_with_one_minibatch_and_epoch_has_no_kl_term(tmp_path, model_dir):
     assert [[r[k] for k in keys] for r in runs[0]] == [[r[k] for k in keys] for r in runs[1]]
 
 
-def test_stage_timers_and_kl_old_are_measured(tmp_path, model_dir):
+def test_stage_timers_and_kl_old_are_measured(tmp_path, model_dir, one_thread):
     """Every stage TRL runs is timed around its own method: finite, >= 0, nested inside the batch's
     scoring; kl/old is 0 on each RL step's first minibatch (the policy is pi_old) and the bench's k3
     mean otherwise."""
@@ -473,3 +484,111 @@ def test_one_trl_run_across_two_cpu_processes(tmp_path, model_dir):
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:  # 4 prompts x 4 samples per step, gathered from both processes
         assert round(r["throughput/samples_per_s"] * r["time/step"]) == 16
+
+
+# --------------------------------------------------------------------------- TRL's private surface, pinned
+
+
+def _engine_sources() -> dict[str, str]:
+    from prorl_bench.engines import trl as pkg
+
+    return {p.name: p.read_text() for p in sorted(Path(pkg.__file__).parent.glob("*.py"))}
+
+
+def test_the_engine_touches_only_the_private_trl_names_it_declares():
+    """Every ``_``-prefixed TRL / transformers name in prorl_bench/engines/trl/ — a method of BenchGRPOTrainer
+    that overrides one, or an attribute read on any object — is one of ``PRIVATE_TRL`` (named in trainer.py's
+    docstring and docs/engines.md). The engine's own helpers never shadow a TRL name."""
+    import ast
+
+    from trl import GRPOTrainer
+
+    from prorl_bench.engines.trl.trainer import PRIVATE_TRL, BenchGRPOTrainer
+
+    used = set()
+    for name, text in _engine_sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+                if not on_self or (name == "trainer.py" and hasattr(GRPOTrainer, node.attr)):
+                    used.add(node.attr)
+    overridden = {n for n in vars(BenchGRPOTrainer) if n.startswith("_") and not n.startswith("__")
+                  and hasattr(GRPOTrainer, n)}  # fmt: skip
+    assert overridden | used == set(PRIVATE_TRL), (overridden, used)
+    assert overridden == {"_generate_and_score_completions"}
+    own = {n for n in vars(BenchGRPOTrainer) if not n.startswith("__")} - overridden
+    public = {"compute_loss", "training_step"}  # the documented Trainer methods it overrides
+    assert {n for n in own if hasattr(GRPOTrainer, n)} == public
+
+
+def test_the_private_trl_names_still_mean_what_the_engine_assumes():
+    """Pinned against the installed TRL's source (1.16.0, the newest release checked): a TRL release that
+    changes one of these fails here, not silently in a run."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert score.count("if self.beta != 0.0:") == 1  # beta decides the per-batch reference pass, and nothing else
+    assert "self.args.gradient_accumulation_steps % generate_every != 0" in score  # computes_pi_old's rule
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+    assert params[:5] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"]
+    logps = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "outputs.log_probs[:, -logits_to_keep:]" in logps  # kl/old reads the loss forward's log_probs
+    assert "return self._compute_loss(model, inputs)" in inspect.getsource(GRPOTrainer.compute_loss)
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'ref_per_token_logps = inputs["ref_per_token_logps"]' in loss  # compute_loss's anchor reaches the loss
+    assert 'old_per_token_logps = inputs.get("old_per_token_logps")' in loss
+
+
+# --------------------------------------------------------------------------- the CLI around engine=trl
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("opt_reset=medium", "opt_reset=medium is not an option: opt_reset is one of asym, hard, keep, soft"),
+        ("opt_reset=hrad", "did you mean opt_reset=hard?"),
+        ("reset.every==2", "Error parsing override 'reset.every==2'"),
+    ],
+)
+def test_hydras_config_errors_are_the_benchs_one_line_exit_2(tmp_path, model_dir, override, expected):
+    proc = _cli("prorl-bench", ["engine=trl", *_hf(model_dir), "variant=C", override], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prorl-bench: config error: ") and expected in lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing was written
+
+
+def test_reset_parameters_without_their_trigger_warn(model_dir):
+    """variant=C reset.every=2 without reset=periodic runs no resets: the config says so (a warning naming the
+    trigger to select); with the trigger selected, or left at its default, nothing is said."""
+    import warnings
+
+    from prorl_bench.config.root import UnusedOptionKeyWarning
+
+    base = ["engine=trl", *_hf(model_dir), "variant=C"]
+    with pytest.warns(UnusedOptionKeyWarning, match="reset.every=2 has no effect: reset.trigger=none.*reset=periodic"):
+        to_config(compose_cfg([*base, "reset.every=2"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedOptionKeyWarning)
+        assert to_config(compose_cfg([*base, "reset=periodic", "reset.every=2"])).reset.params.every == 2
+        to_config(compose_cfg(base))
+
+
+@pytest.mark.slow
+def test_a_trl_run_without_reward_says_so(tmp_path, model_dir):
+    """The random tiny model never earns reward: after NO_SIGNAL_STEPS RL steps the TRL run warns, on stderr
+    and as an event, as the native trainer does."""
+    from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS
+
+    run = tmp_path / "nosig"
+    args = ["engine=trl", *_hf(model_dir), f"steps={NO_SIGNAL_STEPS}", f"eval_every={NO_SIGNAL_STEPS}",
+            "algo.prompts_per_step=2", "algo.group_size=2", "algo.minibatches=1", "algo.ppo_epochs=1",
+            "task.val_size=2", "eval.n_samples=1", "eval.ks=[1]", "eval.at_start=false", "progress=false",
+            f"run_dir={run}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    proc = _cli("prorl-bench", args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(r["reward/mean"] == 0.0 for r in _rows(run / "metrics.jsonl"))
+    events = [e for e in _rows(run / "events.jsonl") if e["event"] == "warning"]
+    assert [(e["step"], e["reason"]) for e in events] == [(NO_SIGNAL_STEPS, "no_reward_signal")]

@@ -30,6 +30,27 @@ from prorl_bench.config import (
 from prorl_bench.registry import config_check
 
 TRL_VERSION = "1.16.0"  # the pinned TRL (pyproject extra ``trl``) the rules were read from
+# the TRL releases the engine and ReferenceResetCallback are tested on: [first, last] (1.16.0 is also the newest
+# release on the package index this was checked against). Outside it the engine refuses (it overrides
+# private TRL methods, trainer.py) and the callback warns (it uses TRL's public surface only).
+TRL_TESTED = ("1.16.0", "1.16.0")
+
+
+def trl_version_problem(version: str | None = None) -> str | None:
+    """Why the installed TRL (or ``version``) is outside ``TRL_TESTED``; None inside it."""
+    from packaging.version import Version
+
+    if version is None:
+        import trl
+
+        version = trl.__version__
+    lo, hi = TRL_TESTED
+    if Version(lo) <= Version(version) <= Version(hi):
+        return None
+    tested = lo if lo == hi else f"{lo} to {hi}"
+    return (f"TRL {version} is installed; prorl-bench's TRL integration is tested on TRL {tested} only "
+            f"(pip install 'prorl-bench[trl]' pins trl=={TRL_VERSION})")  # fmt: skip
+
 
 # bench loss_agg -> TRL loss_type (both normalise per optimizer step over that step's rows)
 LOSS_TYPES = {LossAgg.token: "dapo", LossAgg.sequence: "grpo", LossAgg.seq_mean_token_sum_norm: "dr_grpo"}
@@ -393,6 +414,9 @@ def refuse_for_trl(cfg: Config) -> None:
         import trl  # noqa: F401
     except ImportError:
         raise ConfigError(f"engine=trl needs TRL: pip install 'prorl-bench[trl]' (pins trl=={TRL_VERSION})") from None
+    why = trl_version_problem()
+    if why is not None:  # the engine overrides private TRL methods (trainer.py): another release may change them
+        raise ConfigError(f"engine=trl: {why}")
 
 
 def render_table() -> str:

@@ -119,8 +119,10 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
                                loss_agg=cfg.algo.loss_agg)  # fmt: skip
     align_reference(trainer)
     trainer.remove_callback(PrinterCallback)  # TRL's log dicts on stdout: the bench writes metrics.jsonl
-    resets = ReferenceResetCallback(trainer, cfg.reset if cfg.variant.resets else {"trigger": "none"},
-                                    cfg.opt_reset, lr_warmup_steps=cfg.algo.lr_warmup_steps)  # fmt: skip
+    # driven by BenchRunCallback (not one of the trainer's callbacks): it feeds each RL step's KL and the
+    # bench's evaluation, and saves the callback's state with the bench's (BENCH_STATE)
+    resets = ReferenceResetCallback(cfg.reset if cfg.variant.resets else None, cfg.opt_reset,
+                                    lr_warmup_steps=cfg.algo.lr_warmup_steps, trainer=trainer)  # fmt: skip
     if ckpt is not None:
         resets.load_state_dict(state["resets"])
         resets.load_reference_state(state["reference"])
@@ -146,7 +148,7 @@ def _train(cfg: Config, run_dir: Path, cache_root: Path, threads: int, progress:
             out.summary(summary)
             raise Preempted(run.preempted_at, preempt.signum)
         reset_at = [r["step"] for r in run.history if r["reset"]]
-        held = sum(t.numel() * t.element_size() for t in resets.reference_state().values())
+        held = resets.reference_bytes()
         summary |= {"engine": "trl", "resets": len(reset_at), "reset_steps": reset_at,
                     "mem/reference_mb": held / 2**20, "mem/peak_rss_mb": _peak_rss_mb()}  # fmt: skip
         out.event(cfg.steps, "end", "completed")

@@ -26,6 +26,7 @@ from prorl_bench.engines.trl.build import RewardLog
 from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
 from prorl_bench.engines.trl.meters import StepMeter
 from prorl_bench.run.checkpoint import config_dict, save_verified
+from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, warn_if_no_signal
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
 from prorl_bench.run.memory import RSS_KEY, rss_mb
 from prorl_bench.run.outputs import COUNTERS, STAGES
@@ -113,7 +114,8 @@ class BenchRunCallback(TrainerCallback):
         self.meter.on_step_end(args, state, control, **kw)
 
     def on_train_begin(self, args, state, control, **kw):
-        self.resets.on_train_begin(args, state, control, **kw)
+        self.resets.bind(optimizer=kw.get("optimizer"), lr_scheduler=kw.get("lr_scheduler"))
+        self.resets.wrap_lr()
         self._mark = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kw):
@@ -137,6 +139,8 @@ class BenchRunCallback(TrainerCallback):
         row[RSS_KEY] = rss_mb()  # as native (prorl_bench/run/memory.py)
         self.out.metrics(row)
         self.history.append(row)
+        if step == NO_SIGNAL_STEPS:  # as native: a run that never earns reward learns nothing; say so
+            warn_if_no_signal(self.cfg, self.history, self.out)
         every = self.cfg.checkpoint.every
         if (every and step % every == 0) or step == self.cfg.steps:
             control.should_save = True
