@@ -9,9 +9,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from prorl_bench.cli.app import CONF_DIR
+from prorl_bench.cli.option_code import load_option_code
 from prorl_bench.config import Config, register_configs, to_config
 
 register_configs()
+# as the command line does before it validates (prorl_bench/cli/option_code.py): the config checks that
+# live with an option's code (a task's own, engine=trl's refusals) run in make_config too, whatever
+# test ran first in this worker
+load_option_code()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

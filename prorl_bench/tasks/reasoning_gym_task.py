@@ -32,7 +32,7 @@ from typing import Any
 
 from prorl_bench.config import ConfigError, PromptStyle, TaskConfig
 from prorl_bench.extras import require_extra
-from prorl_bench.registry import TASKS
+from prorl_bench.registry import TASKS, config_check
 from prorl_bench.tasks.answers import (  # noqa: F401  (CHAT_*, extract_answer: re-exported, the task=gsm names)
     CHAT_INSTRUCTION,
     CHAT_TEMPLATE_ALLOWANCE,
@@ -101,6 +101,14 @@ def check_generators(names: list[str]) -> None:
             raise ConfigError(
                 f"invalid config value task.reasoning_gym.generators={name!r}: not a reasoning-gym dataset; {hint}"
             )
+
+
+@config_check
+def check_reasoning_gym_generators(cfg: Any) -> None:
+    """At config time, before anything is written: every ``task.reasoning_gym.generators`` name is a dataset
+    of the installed reasoning-gym (registered with the task's code; the CLI loads it before validating)."""
+    if cfg.task.name == "reasoning_gym":
+        check_generators(cfg.task.reasoning_gym.generators)
 
 
 @TASKS.register("reasoning_gym")
