@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-import prorl_bench.rl  # noqa: F401  (registers every RL option's code: tests look options up directly)
 from prorl_bench.cli.app import CONF_DIR
 from prorl_bench.cli.option_code import load_option_code
 from prorl_bench.config import Config, register_configs, to_config
@@ -18,6 +18,7 @@ register_configs()
 # live with an option's code (a task's own, engine=trl's refusals) run in make_config too, whatever
 # test ran first in this worker
 load_option_code()
+importlib.import_module("prorl_bench.rl")  # every RL option's code registered: tests look options up directly
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
