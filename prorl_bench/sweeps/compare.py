@@ -109,11 +109,11 @@ def compare_groups(
             out.append({"group": group, "metric": metric, **c.__dict__, "family": family, "duplicate_of": duplicate_of})
     table = pd.DataFrame(out)
     if not table.empty:
-        _adjust_and_judge(table, primary)
+        adjust_and_judge(table, primary)
     return table
 
 
-def _adjust_and_judge(table: pd.DataFrame, primary: dict[str, Endpoint]) -> None:
+def adjust_and_judge(table: pd.DataFrame, primary: dict[str, Endpoint]) -> None:
     """Holm over the primary cells only (difference p and TOST p, each its own family), then a verdict
     per primary cell; descriptive and duplicate cells keep nan adjusted p and no verdict."""
     is_primary = table["family"] == "primary"

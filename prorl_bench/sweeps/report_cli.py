@@ -1,5 +1,9 @@
-"""``prorl-bench-report SWEEP_DIR [SWEEP_DIR ...]``: aggregate the sweep(s) and write the self-contained
-HTML report (report.py) next to the tables; print its path."""
+"""``prorl-bench-report``: the HTML report of a sweep, a study's compact summary, or docs/results.md.
+
+prorl-bench-report SWEEP_DIR [SWEEP_DIR ...]                  # the self-contained HTML report
+prorl-bench-report --summary OUT.json EXPLORE_DIR CONFIRM_DIR  # a study's compact summary (committable)
+prorl-bench-report --docs [--summaries DIR] [--out FILE] [--check]   # docs/results.md from the summaries
+"""
 
 from __future__ import annotations
 
@@ -9,27 +13,78 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prorl_bench.sweeps.aggregate import OUT_SUBDIR, aggregate
+from prorl_bench.sweeps.study_summary import SummaryError, build_summary, write_summary
 from prorl_bench.sweeps.sweepdir import SweepDirError
+
+PROG = "prorl-bench-report"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument(
+        "sweep_dir", type=Path, nargs="*",
+        help="Hydra multirun directories; two (an explore and a confirm block) show both blocks side by side",
+    )  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"output directory (default FIRST_SWEEP_DIR/{OUT_SUBDIR}); with --docs the page "
+                        "(default docs/results.md)")  # fmt: skip
+    p.add_argument("--baseline", default=None, help="group to compare against (default: the study's, A1, keep)")
+    p.add_argument("--no-figures", action="store_true", help="tables only (no figures drawn or inlined)")
+    p.add_argument(
+        "--summary",
+        type=Path,
+        default=None,
+        metavar="OUT.json",
+        help="write the study's compact summary (per-seed endpoint values and provenance) to OUT.json",
+    )
+    p.add_argument(
+        "--name", default=None, help="with --summary: the study's name (default: the +sweep= of its command)"
+    )
+    p.add_argument("--docs", action="store_true", help="generate docs/results.md from the committed study summaries")
+    p.add_argument(
+        "--summaries", type=Path, default=Path("docs/data/studies"), help="with --docs: the summaries' folder"
+    )
+    p.add_argument("--check", action="store_true", help="with --docs: write nothing; exit 1 if the page differs")
+    return p
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from prorl_bench.sweeps.results_doc import results_markdown
+
+    if not args.summaries.is_dir():
+        print(f"{PROG}: --summaries {args.summaries}: no such folder", file=sys.stderr)
+        return 2
+    text = results_markdown(args.summaries)
+    out = args.out or Path("docs/results.md")
+    if args.check:
+        same = out.exists() and out.read_text() == text
+        print(f"[{PROG}] {out}: {'up to date' if same else 'differs from what the summaries give'}")
+        return 0 if same else 1
+    out.write_text(text)
+    print(f"[{PROG}] wrote {out} from {len(list(args.summaries.glob('*.json')))} summaries")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="prorl-bench-report", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "sweep_dir", type=Path, nargs="+",
-        help="Hydra multirun directories; two (an explore and a confirm block) show both blocks side by side",
-    )  # fmt: skip
-    p.add_argument("--out", type=Path, default=None, help=f"output directory (default FIRST_SWEEP_DIR/{OUT_SUBDIR})")
-    p.add_argument("--baseline", default=None, help="group to compare against (default: the study's, A1, keep)")
-    p.add_argument("--no-figures", action="store_true", help="tables only (no figures drawn or inlined)")
-    args = p.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
-        res = aggregate(args.sweep_dir, args.out, figures=not args.no_figures, baseline=args.baseline)
-    except SweepDirError as e:
-        print(f"prorl-bench-report: {e}", file=sys.stderr)
+        if args.docs:
+            return _docs(args)
+        if not args.sweep_dir:
+            print(f"{PROG}: give at least one SWEEP_DIR (or --docs)", file=sys.stderr)
+            return 2
+        figures = not args.no_figures and args.summary is None
+        res = aggregate(args.sweep_dir, args.out, figures=figures, baseline=args.baseline)
+        for w in res.provenance_warnings:
+            print(f"{PROG}: WARNING: {w}", file=sys.stderr)
+        if args.summary is not None:
+            path = write_summary(build_summary(res, args.name), args.summary)
+            print(f"[{PROG}] summary: {path}")
+            return 0
+    except (SweepDirError, SummaryError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    for w in res.provenance_warnings:
-        print(f"prorl-bench-report: WARNING: {w}", file=sys.stderr)
-    print(f"[prorl-bench-report] report: {res.report}")
+    print(f"[{PROG}] report: {res.report}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The option tables of README.md and docs/configuration.md state what conf/ and the registries hold:
+"""The option tables of docs/configuration.md state what conf/ and the registries hold:
 every group's options are its YAML files, every built-in option's parameters are named in its group's
 row, and the registry tables list every axis and every built-in option."""
 
@@ -38,20 +38,22 @@ def _params_of_group(group: str) -> set[str]:
     return {f.name for name in reg.names() if (cls := reg.params_class(name)) for f in fields(cls)}
 
 
-def test_readme_group_table_matches_conf_and_the_options_parameters():
-    rows = _rows((ROOT / "README.md").read_text(), "| group | options | what it sets |")
+def test_group_table_matches_conf_and_the_options_parameters():
+    rows = _rows((ROOT / "docs" / "configuration.md").read_text(), "| group | options | what it sets |")
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     seen = set()
     for group_cell, options, sets in rows:
         group = group_cell.strip("`")
         seen.add(group)
-        assert group in groups, f"README lists group {group!r}, conf/ has none"
+        assert group in groups, f"docs/configuration.md lists group {group!r}, conf/ has none"
         on_disk = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
         listed = _names(re.sub(r"\([^()]*\)", "", options))  # not the notes in parentheses
-        assert listed == on_disk, f"README row {group}: {sorted(listed)} != conf/{group}/ {sorted(on_disk)}"
+        assert listed == on_disk, (
+            f"docs/configuration.md row {group}: {sorted(listed)} != conf/{group}/ {sorted(on_disk)}"
+        )
         missing = _params_of_group(group) - _names(sets)
-        assert not missing, f"README row {group} does not name the parameters {sorted(missing)}"
-    assert seen == groups, f"groups without a README row: {sorted(groups - seen)}"
+        assert not missing, f"docs/configuration.md row {group} does not name the parameters {sorted(missing)}"
+    assert seen == groups, f"groups without a row in docs/configuration.md: {sorted(groups - seen)}"
 
 
 def test_configuration_tables_match_the_registries():
