@@ -21,3 +21,32 @@ def test_the_pilot_table_is_what_the_committed_summary_generates(tmp_path):
     assert BEGIN in doc and END in doc, "docs/prolonged.md lost its generated block's markers"
     block = doc.split(BEGIN, 1)[1].split(END, 1)[0]
     assert block.strip() == out.strip(), "docs/prolonged.md's pilot table differs from its summary: regenerate it"
+
+
+def _summary(path: Path) -> Path:
+    """A prolonged-study summary with known ratios: B = 0.9 x C_keep_K300 on every seed, C_keep_K100 lower."""
+    import json
+
+    runs = []
+    for block, seeds in (("explore", range(8)), ("confirm", range(8, 16))):
+        for s in seeds:
+            c = 0.70 + 0.01 * (s % 4)
+            for arm, v, ms in (("A1", 0.40, 200.0), ("C_keep_K300", c, 205.0), ("C_keep_K100", c - 0.05, 210.0),
+                               ("B", 0.9 * c, 150.0 + s)):  # fmt: skip
+                runs.append((block, {"group": arm, "seed": s, "status": "completed",
+                                     "values": {"val_pass1_final": v, "time_per_step_ms": ms}}))  # fmt: skip
+    blocks = {b: {"seeds": [], "paired": {}, "provenance": {}, "runs": [r for bb, r in runs if bb == b]}
+              for b in ("explore", "confirm")}  # fmt: skip
+    path.write_text(json.dumps({"schema": "prorl-bench/study-summary/1", "study": "prolonged", "stratum": "",
+                                "question": "q", "baseline": "A1", "primary": [], "blocks": blocks}))  # fmt: skip
+    return path
+
+
+def test_the_criterion_is_computed_from_the_summary(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "prolonged_study.py"), "markdown", "--summary",
+         str(_summary(tmp_path / "s.json"))], cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "B final held-out pass@1 / C_keep_K300's | 0.900 [0.900, 0.900] (n=8) | 0.900 [0.900, 0.900] (n=8)" in out
+    assert "chosen on the explore block by mean final held-out pass@1: `C_keep_K300`" in out
+    assert "B time per RL step / A1's | 0.767 [" in out  # mean(150 + s) / 200 over seeds 0-7 = 0.7675
