@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -156,19 +156,7 @@ def _run(cfg: DictConfig, prov: dict[str, Any]) -> float:
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise _record_failure(e, run_dir, snapshot) from None
-        # a full disk: one clear message naming the file, a failed summary if it still fits
-        msg = f"disk full: could not write {e.filename or run_dir} ({e.strerror}); free space and re-run to resume"
-        if snapshot is not None and not snapshot.new_steps_logged():
-            _restore(snapshot)
-        else:
-            try:
-                write_summary(run_dir, {"status": "failed", "error": f"DiskFull: {msg}", "traceback": ""})
-            except OSError:
-                pass
-        print(f"prorl-bench: {msg}", file=sys.stderr)
-        if multirun:
-            raise DiskFull(msg) from None
-        raise SystemExit(1) from None
+        _disk_full(e, run_dir, snapshot, multirun)
     except BaseException as e:  # record every failure (also Ctrl-C) before it propagates
         _record_failure(e, run_dir, snapshot)
         if isinstance(e, ConfigError) and not multirun:
@@ -185,6 +173,23 @@ def _run(cfg: DictConfig, prov: dict[str, Any]) -> float:
     if not multirun:
         print(final_report(run_dir, summary))
     return float(summary["success_rate/last10"])
+
+
+def _disk_full(e: OSError, run_dir: Path, snapshot: RecordSnapshot | None, multirun: bool) -> NoReturn:
+    """A full disk: one clear message naming the file, the earlier record restored or a failed summary
+    written if it still fits; a job error in a sweep (the others go on), exit status 1 alone."""
+    msg = f"disk full: could not write {e.filename or run_dir} ({e.strerror}); free space and re-run to resume"
+    if snapshot is not None and not snapshot.new_steps_logged():
+        _restore(snapshot)
+    else:
+        try:
+            write_summary(run_dir, {"status": "failed", "error": f"DiskFull: {msg}", "traceback": ""})
+        except OSError:
+            pass
+    print(f"prorl-bench: {msg}", file=sys.stderr)
+    if multirun:
+        raise DiskFull(msg) from None
+    raise SystemExit(1) from None
 
 
 def final_report(run_dir: Path, summary: dict[str, Any], n_prompts: int = 3, n_samples: int = 4) -> str:

@@ -110,50 +110,56 @@ class Config:
             )
         _check_routing(self)
         registry.run_config_checks(self)  # cross-group checks and warnings the options' modules register
-        if self.task.name == "reasoning_gym":
-            _require(
-                self.task.reasoning_gym.prompt_style != PromptStyle.chat or self.model.kind != ModelKind.native,
-                "task.reasoning_gym.prompt_style",
-                "chat",
-                "compact or question with the native character-level policy (chat templates are an HF "
-                "tokenizer's: use model=hf_causal_lm)",
-            )
+        _check_task_and_model(self)
+
+
+def _check_task_and_model(cfg: Config) -> None:
+    """The task fits the model: chat templates and program-writing tasks need an HF tokenizer, and a
+    native model's context holds the longest prompt and completion (with ``positions=answer``, twice)."""
+    if cfg.task.name == "reasoning_gym":
         _require(
-            self.task.chat_template is None or self.model.kind != ModelKind.native,
-            "task.chat_template",
-            self.task.chat_template,
-            "null with the native character-level policy (chat templates are an HF tokenizer's: model=hf_causal_lm)",
+            cfg.task.reasoning_gym.prompt_style != PromptStyle.chat or cfg.model.kind != ModelKind.native,
+            "task.reasoning_gym.prompt_style",
+            "chat",
+            "compact or question with the native character-level policy (chat templates are an HF "
+            "tokenizer's: use model=hf_causal_lm)",
         )
+    _require(
+        cfg.task.chat_template is None or cfg.model.kind != ModelKind.native,
+        "task.chat_template",
+        cfg.task.chat_template,
+        "null with the native character-level policy (chat templates are an HF tokenizer's: model=hf_causal_lm)",
+    )
+    _require(
+        not (registry.TASKS.meta(cfg.task.name).get("needs_hf", False) and cfg.model.kind == ModelKind.native),
+        "task",
+        cfg.task.name,
+        "a task for model=hf_causal_lm: its prompts go through a chat template",
+    )
+    _require(
+        not (cfg.task.name == "code" and cfg.model.kind == ModelKind.native),
+        "task",
+        "code",
+        "a task the model can write programs for: task=code needs model=hf_causal_lm (the character-level "
+        "policy has no programming vocabulary or context for it)",
+    )
+    if cfg.model.kind != ModelKind.native:
+        return  # an HF model's context length is checked against its own config when loaded
+    max_prompt, max_completion = _task_lengths(cfg.task, cfg.algo.max_new_tokens)
+    _require(
+        max_prompt + max_completion + 1 <= cfg.model.max_seq_len,
+        "model.max_seq_len",
+        cfg.model.max_seq_len,
+        f">= {max_prompt + max_completion + 1} for task {cfg.task.name} with max_len={cfg.task.max_len}",
+    )
+    if cfg.model.positions == "answer":  # half the positions for the prompt (with BOS), half for the answer
+        need = 2 * max(max_prompt + 1, max_completion)
         _require(
-            not (registry.TASKS.meta(self.task.name).get("needs_hf", False) and self.model.kind == ModelKind.native),
-            "task",
-            self.task.name,
-            "a task for model=hf_causal_lm: its prompts go through a chat template",
-        )
-        _require(
-            not (self.task.name == "code" and self.model.kind == ModelKind.native),
-            "task",
-            "code",
-            "a task the model can write programs for: task=code needs model=hf_causal_lm (the character-level "
-            "policy has no programming vocabulary or context for it)",
-        )
-        if self.model.kind != ModelKind.native:
-            return  # an HF model's context length is checked against its own config when loaded
-        max_prompt, max_completion = _task_lengths(self.task, self.algo.max_new_tokens)
-        _require(
-            max_prompt + max_completion + 1 <= self.model.max_seq_len,
+            need <= cfg.model.max_seq_len,
             "model.max_seq_len",
-            self.model.max_seq_len,
-            f">= {max_prompt + max_completion + 1} for task {self.task.name} with max_len={self.task.max_len}",
+            cfg.model.max_seq_len,
+            f">= {need} with model.positions=answer (prompts and completions get half the positions each)",
         )
-        if self.model.positions == "answer":  # half the positions for the prompt (with BOS), half for the answer
-            need = 2 * max(max_prompt + 1, max_completion)
-            _require(
-                need <= self.model.max_seq_len,
-                "model.max_seq_len",
-                self.model.max_seq_len,
-                f">= {need} with model.positions=answer (prompts and completions get half the positions each)",
-            )
 
 
 MAX_SEED = 2**24

@@ -139,23 +139,11 @@ def validate(
     policy.eval()
     n = n_samples
     flat = [p for p in problems for _ in range(n)]  # prompt-major: samples of problem i at [i*n, (i+1)*n)
-    texts: list[str] = []
-    ent_sum, ent_tokens = 0.0, 0.0
-    for s in range(0, len(flat), chunk):
-        part = flat[s : s + chunk]
-        ids, mask = tok.encode_prompts([p.prompt for p in part])
-        batch = sample(
-            policy, tok, ids.to(device), mask.to(device), task.max_completion_len, temperature, generator=generator
-        )
-        texts += completions(tok, batch)
-        _, ent = token_logprobs(policy, batch, temperature, banned, with_entropy=True)
-        ent_sum += float((ent * batch.completion_mask).sum())
-        ent_tokens += float(batch.completion_mask.sum())
-        if on_progress is not None:
-            on_progress(s + len(part), len(flat) + len(problems))
+    total = len(flat) + len(problems)
+    progress = (lambda done: on_progress(done, total)) if on_progress is not None else (lambda done: None)
+    texts, entropy = _sample_texts(policy, task, tok, flat, temperature, banned, generator, device, chunk, sample,
+                                   progress)  # fmt: skip
     rewards, success, details = score_details(task, texts, flat)
-    by_prompt = [success[i * n : (i + 1) * n] for i in range(len(problems))]
-    texts_by_prompt = [texts[i * n : (i + 1) * n] for i in range(len(problems))]
 
     ids, mask = tok.encode_prompts([p.prompt for p in problems])
     greedy = completions(
@@ -164,31 +152,8 @@ def validate(
     greedy_success = score(task, greedy, problems)[1]
     policy.train(was_training)
     if on_progress is not None:
-        on_progress(len(flat) + len(problems), len(flat) + len(problems))
-
-    row: dict[str, float] = {
-        "val/success_sampled": sum(success) / len(success),
-        "val/reward_mean": sum(rewards) / len(rewards),
-        "val/unique_frac": len({t[0] for t in texts_by_prompt}) / len(problems),
-        "val/distinct_per_prompt": distinct_per_prompt(texts_by_prompt),
-        "val/entropy": ent_sum / ent_tokens if ent_tokens else float("nan"),
-        "val/success_greedy": sum(greedy_success) / len(problems),
-    }
-    for k in ks:
-        row[f"val/pass@{k}"] = mean_pass_at_k(by_prompt, k)
-    k_max = max(ks)
-    if base_correct is not None:
-        counts = [sum(map(bool, b)) for b in by_prompt]
-        for name, frac in coverage_classes(base_correct, n, counts, n, k_max).items():
-            row[f"val/coverage@{k_max}/{name}"] = frac
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, p in enumerate(problems):
-        groups[p.difficulty or "all"].append(i)
-    for label in sorted(groups):
-        idx = groups[label]
-        row[f"val/by_difficulty/{label}/success"] = sum(sum(by_prompt[i]) for i in idx) / (n * len(idx))
-        row[f"val/by_difficulty/{label}/pass@{k_max}"] = mean_pass_at_k([by_prompt[i] for i in idx], k_max)
-
+        on_progress(total, total)
+    row = _row(problems, texts, rewards, success, greedy_success, entropy, n, ks, base_correct)
     samples = [
         {
             "prompt": p.prompt,
@@ -209,3 +174,50 @@ def validate(
         for i, p in enumerate(problems[:n_sample_prompts])
     ]
     return row, samples
+
+
+def _sample_texts(policy, task, tok, flat, temperature, banned, generator, device, chunk, sample, progress):
+    """Sample one completion per entry of ``flat`` in chunks; (texts, mean token entropy in nats)."""
+    texts: list[str] = []
+    ent_sum, ent_tokens = 0.0, 0.0
+    for s in range(0, len(flat), chunk):
+        part = flat[s : s + chunk]
+        ids, mask = tok.encode_prompts([p.prompt for p in part])
+        batch = sample(
+            policy, tok, ids.to(device), mask.to(device), task.max_completion_len, temperature, generator=generator
+        )
+        texts += completions(tok, batch)
+        _, ent = token_logprobs(policy, batch, temperature, banned, with_entropy=True)
+        ent_sum += float((ent * batch.completion_mask).sum())
+        ent_tokens += float(batch.completion_mask.sum())
+        progress(s + len(part))
+    return texts, (ent_sum / ent_tokens if ent_tokens else float("nan"))
+
+
+def _row(problems, texts, rewards, success, greedy_success, entropy, n, ks, base_correct) -> dict[str, float]:
+    """The validation row's keys (module docstring) from the scored samples; prompt-major, ``n`` per prompt."""
+    by_prompt = [success[i * n : (i + 1) * n] for i in range(len(problems))]
+    texts_by_prompt = [texts[i * n : (i + 1) * n] for i in range(len(problems))]
+    row: dict[str, float] = {
+        "val/success_sampled": sum(success) / len(success),
+        "val/reward_mean": sum(rewards) / len(rewards),
+        "val/unique_frac": len({t[0] for t in texts_by_prompt}) / len(problems),
+        "val/distinct_per_prompt": distinct_per_prompt(texts_by_prompt),
+        "val/entropy": entropy,
+        "val/success_greedy": sum(greedy_success) / len(problems),
+    }
+    for k in ks:
+        row[f"val/pass@{k}"] = mean_pass_at_k(by_prompt, k)
+    k_max = max(ks)
+    if base_correct is not None:
+        counts = [sum(map(bool, b)) for b in by_prompt]
+        for name, frac in coverage_classes(base_correct, n, counts, n, k_max).items():
+            row[f"val/coverage@{k_max}/{name}"] = frac
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(problems):
+        groups[p.difficulty or "all"].append(i)
+    for label in sorted(groups):
+        idx = groups[label]
+        row[f"val/by_difficulty/{label}/success"] = sum(sum(by_prompt[i]) for i in idx) / (n * len(idx))
+        row[f"val/by_difficulty/{label}/pass@{k_max}"] = mean_pass_at_k([by_prompt[i] for i in idx], k_max)
+    return row

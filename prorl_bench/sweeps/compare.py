@@ -78,18 +78,10 @@ def compare_groups(
             and len(base) == len(base_rows)
             and len({k[1] for k in members} | {k[1] for k in base}) == 1
         )
-        cells: list[tuple[str, list, list, bool]] = []
-        for metric in metrics:
-            if paired:
-                cells.append((metric, [members[k][metric] for k in shared], [base[k][metric] for k in shared], True))
-            else:
-                cells.append((metric, [r[metric] for _, r in member_rows], [r[metric] for _, r in base_rows], False))
         if paired:
-            for metric, col in (("post_reward", "reward/mean"), ("post_success", "success_rate")):
-                pairs = [(by_dir[members[k]["run_dir"]], by_dir[base[k]["run_dir"]]) for k in shared]
-                diffs = [_event_window_diff(run, ref, col, window) for run, ref in pairs]
-                if stats.finite(diffs):
-                    cells.append((f"{metric}_vs_baseline", diffs, [0.0] * len(diffs), True))
+            cells = _paired_cells(metrics, members, base, shared, by_dir, window)
+        else:
+            cells = [(m, [r[m] for _, r in member_rows], [r[m] for _, r in base_rows], False) for m in metrics]
         seen: dict[tuple, str] = {}
         for metric, values, base_values, is_paired in cells:
             endpoint = primary.get(metric)
@@ -111,6 +103,18 @@ def compare_groups(
     if not table.empty:
         adjust_and_judge(table, primary)
     return table
+
+
+def _paired_cells(metrics, members: dict, base: dict, shared: list, by_dir: dict, window: int) -> list[tuple]:
+    """(metric, values, baseline values, paired=True) per metric over the shared pairs, then the post-event
+    windows (the run's steps after each event minus the same steps of its paired baseline run)."""
+    cells = [(m, [members[k][m] for k in shared], [base[k][m] for k in shared], True) for m in metrics]
+    for metric, col in (("post_reward", "reward/mean"), ("post_success", "success_rate")):
+        pairs = [(by_dir[members[k]["run_dir"]], by_dir[base[k]["run_dir"]]) for k in shared]
+        diffs = [_event_window_diff(run, ref, col, window) for run, ref in pairs]
+        if stats.finite(diffs):
+            cells.append((f"{metric}_vs_baseline", diffs, [0.0] * len(diffs), True))
+    return cells
 
 
 def adjust_and_judge(table: pd.DataFrame, primary: dict[str, Endpoint]) -> None:
