@@ -1,10 +1,13 @@
 """Throughput of the default experiment, per variant: steps/s, tokens/s, MFU, stage shares.
 
-    python benchmarks/bench_default.py [--steps 60] [--threads 2] [hydra overrides ...]
+    python benchmarks/bench_default.py [--steps 60] [--threads 2] [--rounds 1] [hydra overrides ...]
 
-Runs the default config (reverse_digits, tiny model, 8 prompts x 8 samples, 2 PPO epochs x 2
+Runs the default config (regime v2: sort_digits, tiny model, 8 prompts x 8 samples, 2 PPO epochs x 2
 minibatches) for each of A0, A1, A2, B in this process, drops the first 5 steps (allocator and
 cache warm-up), and prints per-step medians. MFU is against the measured fp32 matmul peak.
+``--rounds N`` runs the variants N times in alternation (A0, A1, ..., A0, A1, ...) and prints, per
+variant, the median over rounds of its time per step relative to A1's in the same round, with the
+range: a ratio that background load drifting over minutes hits alike on both sides.
 """
 
 from __future__ import annotations
@@ -28,22 +31,34 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variants", default="A0,A1,A2,B")
+    ap.add_argument("--rounds", type=int, default=1, help="alternations of the variants (ratios per round)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     register_configs()
     tmp = Path(tempfile.mkdtemp(prefix="prorl-bench-"))
-    results = {}
-    for variant in args.variants.split(","):
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            raw = compose(
-                "config",
-                overrides=[f"variant={variant}", f"steps={args.steps}", f"eval_every={args.steps}", *args.overrides],
-            )
-        cfg = to_config(raw)
-        train(cfg, tmp / variant, Path("outputs/base_cache").resolve(), threads=args.threads)
-        rows = read_jsonl(tmp / variant / "metrics.jsonl")[5:]
-        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if isinstance(rows[0][k], (int, float))}
-        results[variant] = med
+    results, ratios = {}, {}
+    for r in range(args.rounds):
+        times = {}
+        for variant in args.variants.split(","):
+            with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+                raw = compose(
+                    "config",
+                    overrides=[
+                        f"variant={variant}",
+                        f"steps={args.steps}",
+                        f"eval_every={args.steps}",
+                        *args.overrides,
+                    ],
+                )
+            cfg = to_config(raw)
+            train(cfg, tmp / f"{variant}_{r}", Path("outputs/base_cache").resolve(), threads=args.threads)
+            rows = read_jsonl(tmp / f"{variant}_{r}" / "metrics.jsonl")[5:]
+            med = {k: statistics.median(x[k] for x in rows) for k in rows[0] if isinstance(rows[0][k], (int, float))}
+            results[variant] = med  # the last round's, for the table
+            times[variant] = med["time/step"]
+        if "A1" in times:
+            for v, t in times.items():
+                ratios.setdefault(v, []).append(t / times["A1"])
     import torch
 
     torch.set_num_threads(args.threads)
@@ -71,6 +86,11 @@ def main() -> None:
                 f"{v}: time/step {m['time/step'] * 1e3:.1f} ms = {m['time/step'] / a1['time/step']:.2f}x A1; "
                 f"ref time {m['time/ref_logprob'] * 1e3:.2f} ms/step"
             )
+
+    if args.rounds > 1 and ratios:
+        print(f"\ntime per step relative to A1 in the same round, median [min, max] over {args.rounds} rounds:")
+        for v, rs in ratios.items():
+            print(f"{v}: {statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]")
 
 
 if __name__ == "__main__":
