@@ -17,7 +17,7 @@ class VariantConfig:
     """A variant is a named preset over two axes: the reference strategy and whether the reference
     may be reset. A0-C are fixed presets (conf/variant); another combination needs another name."""
 
-    name: str = "A1"  # the output label: A0 | A1 | A2 | B | C (README "Variants"), or your own name
+    name: str = "A1"  # the output label: A0 | A1 | A2 | B | C (docs/configuration.md#variants), or your own name
     # where reference logprobs come from (registry.REFERENCES): recompute | cached | buffered | none
     reference: str = "cached"
     resets: bool = False  # the reference may be reset (reset.trigger); the C preset
@@ -99,6 +99,7 @@ class AlgoConfig:
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the update
     entropy_coef: float = 0.0  # entropy bonus weight (0 = none, as ProRL)
     beta: float = 0.01  # KL coefficient (TRL beta, verl kl_loss_coef); the initial value under kl_ctl=adaptive
+    # schema default (Python API); a composed run takes its regime's (conf/regime/v2.yaml: 1e-4)
     lr: float = 1e-3  # AdamW learning rate (constant after lr_warmup_steps)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_beta1: float = 0.9  # AdamW beta1 (first-moment decay)

@@ -35,6 +35,7 @@ class ModelConfig:
     n_heads: int = 4  # native: attention heads (divides d_model)
     dropout: float = 0.0  # native: dropout probability (0 keeps RL deterministic)
     max_seq_len: int = 64  # native: context length in tokens (prompt + completion + BOS)
+    # schema default (Python API); a composed run takes its regime's (conf/regime/v2.yaml: answer)
     positions: str = "learned"  # native: learned (from the row start) | answer (from the answer start) | rope
     path: str | None = None  # hf_causal_lm: local model directory (config.json, weights, tokenizer)
     impl: HFImpl = HFImpl.auto  # hf_causal_lm forward: auto | hf | fast (see HFImpl)

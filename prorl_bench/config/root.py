@@ -51,6 +51,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)  # native | trl: which trainer runs (docs/engines.md)
     seed: int = 0  # run seed: prompts, sampling, minibatch order, initial weights (< 2**24)
+    # schema default (Python API); a composed run takes its regime's (conf/regime/v2.yaml: 300)
     steps: int = 150  # RL steps = rollouts (not optimizer steps)
     eval_every: int = 25  # validation on the held-out split every N steps (and at the end)
     progress: bool = True  # terminal progress bar (single runs only)

@@ -91,6 +91,7 @@ class TaskConfig:
     ``min_len``/``max_len`` apply to the built-in tasks; ``reasoning_gym`` configures ``name=reasoning_gym``.
     """
 
+    # schema default (Python API); a composed run takes its regime's task (conf/regime/v2.yaml: sort_digits)
     name: str = "reverse_digits"  # a registered task (registry.TASKS; config/builtin_options.py declares the built-ins)
     min_len: int = 3  # shortest input (symbols; per operand for add) of a built-in task
     max_len: int = 5  # longest input (symbols); sets the completion budget of built-in tasks
