@@ -225,8 +225,8 @@ def _run(cmd: list, fds: tuple, env: dict, sample: _Sample, level: str, limits: 
         os.close(wfd)
     wrapped = level in _NAMESPACES
     try:
-        streams, timed_out = _pump(proc, sample.fds[1], limits, frames, _harness_deadline(t0, limits, n_calls),
-                                   wrapped, keep)  # fmt: skip
+        deadline = _harness_deadline(t0, limits, n_calls, reruns=level != "full")
+        streams, timed_out = _pump(proc, sample.fds[1], limits, frames, deadline, wrapped, keep)
     except BaseException:
         _kill_sample(proc, wrapped)  # an error here: the sample must not outlive it
         raise

@@ -128,5 +128,22 @@ def observed(job, cg, before):
     return {"oom": int(hits > before[0]), "cpu": int(bool(cg["cpu"]) and cpu - before[1] >= job["cpu_s"] - CPU_SLACK_S)}
 
 
+def server_fate(srv):
+    """The server's status if it has stopped or ended (the runner's own ``waitpid``), else None. A stop is
+    reported once by the kernel: it is kept in ``srv["stopped"]``."""
+    if srv["status"] is not None or srv.get("stopped") is not None:
+        return srv["status"] if srv["status"] is not None else srv["stopped"]
+    try:
+        pid, status = os.waitpid(srv["pid"], os.WUNTRACED | os.WNOHANG)
+    except ChildProcessError:
+        return srv["status"]
+    if pid == 0:
+        return None
+    srv["stopped" if os.WIFSTOPPED(status) else "status"] = status
+    return status
+
+
 def exit_info(status):
+    if os.WIFSTOPPED(status):  # a stopped server serves no call: as if that signal had killed it
+        return {"signal": os.WSTOPSIG(status)}
     return {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"code": os.WEXITSTATUS(status)}
