@@ -267,10 +267,23 @@ FAMILIES = {
         "setdomainname",
     ],  # fmt: skip
     "hardware": ["iopl", "ioperm", "modify_ldt"],
-    "page cache": ["fadvise64", "process_madvise"],
+    "page cache": ["fadvise64", "process_madvise", "cachestat", "mincore"],
+    "writeback and memory placement": [
+        "sync",
+        "syncfs",
+        "mbind",
+        "set_mempolicy",
+        "set_mempolicy_home_node",
+        "migrate_pages",
+        "move_pages",
+        "memfd_secret",
+        "process_mrelease",
+        "vmsplice",
+    ],  # fmt: skip
 }
 # Arguments no kernel accepts (a bad pointer 1, a bad descriptor -1, invalid flags): a call the filter let
-# through fails with EFAULT, EBADF, EINVAL, ESRCH, ... and changes nothing.
+# through fails with EFAULT, EBADF, EINVAL, ESRCH, ... and changes nothing (``sync`` takes no arguments: let
+# through, it writes back dirty pages; ``vhangup`` in a new session without a terminal does nothing).
 BAD = (-1, 1, -1, 1, 0, 0)
 ARGS = {"reboot": (0, 0, 0, 1), "sethostname": (1, -1), "setdomainname": (1, -1), "iopl": (9,), "ioperm": (-1, 9, 1),
         "clock_settime": (-1, 1), "unshare": (-1,), "userfaultfd": (-1,), "io_uring_setup": (0, 1),
