@@ -3,7 +3,8 @@ file's text>``; no project imports).
 
 It is the first process of the sample (PID 1 of the sample's pid namespace when namespaces are in force) and
 never executes the untrusted program itself. It reads its job (program source, entry point, argument lists,
-limits) from a memfd, opens the sample's cgroup files, builds the sample's private filesystem (mode
+limits) from a memfd, joins the sample's cpu and cpuacct groups (its CPU is the sample's), opens the sample's
+cgroup files, builds the sample's private filesystem (mode
 ``full``), then forks the sample's *server*: a child that joins the sample's cgroup, drops to the sample's
 unprivileged uid, applies the rlimits and the seccomp filter, compiles the program and runs its top level
 once (within ``import_wall_s``). For each test call the runner makes a pipe and hands its write end to the
