@@ -173,6 +173,13 @@ def test_a_server_killed_or_stopped_by_a_call_ends_the_sample(prog):
     assert r.calls[1:] == (None, None, None)
 
 
+def test_a_top_level_that_stops_itself_is_a_crash():
+    """old: fails (the runner waited out the top level's wall limit: 'timeout')."""
+    prog = TOP + "os.kill(os.getpid(), signal.SIGSTOP)\ndef f(x):\n    return x\n"
+    r = run_program(prog, SandboxLimits(wall_s=60.0), [[1], [2]], "f")
+    assert (r.status, r.calls, r.stderr.count("TOP LEVEL RAN")) == ("crashed", (None, None), 1), r
+
+
 def test_a_self_killing_server_scores_like_a_crash_through_the_task():
     cfg = CodeTaskConfig(timeout_s=30.0, workers=1, memory_mb=256)
     task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))

@@ -172,6 +172,7 @@ def start_server(job, cg):
     poller = select.poll()
     poller.register(ours.fileno(), select.POLLIN)
     poller.register(srv["pidfd"], select.POLLIN)
+    poller.register(WAKE_FD, select.POLLIN)
     while got != b"CR":
         left = deadline - time.monotonic()
         events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
@@ -179,10 +180,13 @@ def start_server(job, cg):
             kill_all(job, srv)
             return None, {"kind": "timeout", **observed(job, cg, before)}
         for fd, _ in events:
-            if fd == srv["pidfd"]:
-                _, status = os.waitpid(pid, 0)  # the runner's own child: its status is observed, not reported
-                srv["status"] = status
-                kill_all(job, srv)
+            if fd in (srv["pidfd"], WAKE_FD):  # the server ended, or a child of the runner changed state
+                while _drain(WAKE_FD):
+                    pass
+                status = server_fate(srv)  # the runner's own child: its status is observed, not reported
+                if status is None:
+                    continue
+                kill_all(job, srv)  # it exited, or it stopped (then it is killed: a stopped top level is a crash)
                 if not got and os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_SETUP:
                     return None, {"kind": "setup"}  # the sandbox's set-up failed before any program code ran
                 kind = "main" if job["calls"] is None else "import"
