@@ -181,7 +181,7 @@ def start_server(job, cg):
             return None, {"kind": "timeout", **observed(job, cg, before)}
         for fd, _ in events:
             if fd in (srv["pidfd"], WAKE_FD):  # the server ended, or a child of the runner changed state
-                while _drain(WAKE_FD):
+                while drain(WAKE_FD):
                     pass
                 status = server_fate(srv)  # the runner's own child: its status is observed, not reported
                 if status is None:
@@ -271,6 +271,8 @@ def run_call(job, cg, srv, i):
     fate = server_fate(srv) if end == "gone" else None  # stopped or died: the runner's own waitpid
     if end != "done" or pipe.over() or job["mode"] != "full" or not kill_others(srv):
         kill_all(job, srv)
+        if end == "gone" and fate is None:  # it had exited (its pidfd said so): kill_all reaped it
+            fate = srv["status"]
         info = exit_info(fate) if fate is not None else {}
         srv = None
     else:
@@ -313,7 +315,7 @@ def _wait_call(srv, pipe, deadline, i):
             elif fd == srv["pidfd"]:
                 return "gone"
             elif fd == WAKE_FD:  # a child changed state: "gone" if it is the server and it stopped (or died)
-                while _drain(WAKE_FD):
+                while drain(WAKE_FD):
                     pass
                 if server_fate(srv) is not None:
                     return "gone"
@@ -327,13 +329,6 @@ def _wait_call(srv, pipe, deadline, i):
                     stale = -1
                 else:
                     return "protocol"
-
-
-def _drain(fd):
-    try:
-        return bool(os.read(fd, 4096))
-    except BlockingIOError:
-        return False
 
 
 def report(i, header, payload):

@@ -148,6 +148,14 @@ def server_fate(srv):
     return status
 
 
+def drain(fd):
+    """Read what a non-blocking pipe holds (a wake-up pipe): True while there was something."""
+    try:
+        return bool(os.read(fd, 4096))
+    except BlockingIOError:
+        return False
+
+
 def exit_info(status):
     if os.WIFSTOPPED(status):  # a stopped server serves no call: as if that signal had killed it
         return {"signal": os.WSTOPSIG(status)}
