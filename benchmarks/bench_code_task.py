@@ -6,9 +6,9 @@ Reports programs/s (median of the repeats), the CPU time of the sandbox processe
 that a loaded machine changes less than the rate) and the growth of this process's peak RSS while scoring,
 for correct programs, correct programs after 0.1 s of top-level work, programs that loop until the timeout
 (1 s here) and programs whose every call returns ~1 MB of JSON; and the isolation level in force.
-``--compare REV`` also loads ``sandbox.py`` and
-``code_task.py`` as they were at git revision REV and measures both, interleaved (old, new, old, new, ...)
-so that a machine whose load changes during the run affects both alike; it prints the ratio new/old.
+``--compare REV`` also loads the sandbox (``sandbox.py``, or the ``sandbox/`` package) and ``code_task.py`` as
+they were at git revision REV and measures both, interleaved (old, new, old, new, ...) so that a machine whose
+load changes during the run affects both alike; it prints the ratio new/old.
 """
 
 from __future__ import annotations
@@ -43,7 +43,15 @@ def old_task_class(rev: str) -> type:
                 return done.stdout
         raise FileNotFoundError(f"{path} not found at {rev}")
 
-    (tmp / "old_sandbox.py").write_text(show("sandbox.py"))
+    package = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:prorl_bench/tasks/sandbox"], cwd=ROOT,
+                             capture_output=True, text=True)  # fmt: skip
+    if package.returncode == 0:  # the sandbox package (issue 44 on): copied as ``old_sandbox``, imports renamed
+        (tmp / "old_sandbox").mkdir()
+        for name in package.stdout.split():
+            text = show(f"sandbox/{name}").replace("prorl_bench.tasks.sandbox", "old_sandbox")
+            (tmp / "old_sandbox" / name).write_text(text)
+    else:
+        (tmp / "old_sandbox.py").write_text(show("sandbox.py"))
     try:  # the runner beside it (read by the old sandbox from its own directory), where REV had one
         (tmp / "sandbox_runner.py").write_text(show("sandbox_runner.py"))
     except FileNotFoundError:

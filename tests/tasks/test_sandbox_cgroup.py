@@ -26,10 +26,11 @@ def test_v2_is_used_where_the_controllers_are_delegated(monkeypatch, tmp_path):
     g = cg.SampleCgroup(layout, "u7")
     g.create(256 * 2**20, 64)
     sample = d / g.name
-    want = {"memory.max": "268435456", "memory.swap.max": "0", "memory.oom.group": "1", "pids.max": "64",
+    # pids.max: the sample's 64 and its runner, which joins the one group
+    want = {"memory.max": "268435456", "memory.swap.max": "0", "memory.oom.group": "1", "pids.max": "65",
             "cpu.weight": "100"}  # fmt: skip
     assert {k: (sample / k).read_text() for k in want} == want
-    assert g.procs_files() == [f"{sample}/cgroup.procs"]
+    assert g.procs_files() == g.runner_files() == [f"{sample}/cgroup.procs"]
     (sample / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
     assert g.limit_hits() == 4  # 3 refused charges + 1 OOM kill
     assert g.cpu_counters() == [(f"{sample}/cpu.stat", "usage_usec", 1e-6)]
@@ -57,6 +58,7 @@ def test_v2_without_delegation_falls_back_to_v1_or_says_why(monkeypatch, tmp_pat
     (m / "memory.failcnt").write_text("5\n")
     assert g.limit_hits() == 7
     assert g.cpu_counters() == [(f"{tmp_path}/cpuacct/{g.name}/cpuacct.usage", "", 1e-9)]
+    assert g.runner_files() == [f"{tmp_path}/{c}/{g.name}/cgroup.procs" for c in ("cpu", "cpuacct")]  # CPU only
     fake(monkeypatch, tmp_path, mounts[:2], {"": "/", "memory": "/"})  # no pids, no cpu hierarchy
     assert cg.find_layout() == (None, f"cgroup2 {d}/: controllers not delegated to children (cgroup.subtree_control: "
                                       "[]); cgroup v1: no pids hierarchy")  # fmt: skip

@@ -156,7 +156,7 @@ class SampleCgroup:
                 _write(f"{d}/memory.max", str(memory_bytes))
                 _write(f"{d}/memory.swap.max", "0")
                 _write(f"{d}/memory.oom.group", "1")  # an OOM kills the whole sample, not one process
-                _write(f"{d}/pids.max", str(pids))
+                _write(f"{d}/pids.max", str(pids + 1))  # + the runner, which joins the group (one on v2)
                 _write(f"{d}/cpu.weight", "100")
             else:
                 m = self.dirs["memory"]
@@ -176,6 +176,13 @@ class SampleCgroup:
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files a process writes "0" to, to join the group in every hierarchy."""
         return [f"{d}/cgroup.procs" for d in sorted(set(self.dirs.values()))]
+
+    def runner_files(self) -> list[str]:
+        """The ``cgroup.procs`` files the sample's runner joins: the groups that share out and count CPU (v1:
+        ``cpu`` and ``cpuacct``; v2: the one group), so that its work for the sample is the sample's CPU."""
+        if self.layout.version == 2:
+            return self.procs_files()
+        return [f"{d}/cgroup.procs" for d in sorted({self.dirs["cpu"], self.dirs["cpuacct"]})]
 
     def counters(self) -> list[tuple[str, str]]:
         """(file, key) pairs whose values sum to the times the sample hit its memory limit: OOM kills, and

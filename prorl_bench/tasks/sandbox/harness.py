@@ -31,8 +31,10 @@ Layers beside the namespaces (each probed; ``Isolation.missing`` names the ones 
 
 Classes come from what the supervising side observed (its clocks, the cgroup's memory and CPU counters, the
 exit status of the server, which the runner owns), never from a message or a signal the program can send
-itself. The runner's and this process's work per sample is bounded whatever the program writes (a fixed
-number of control messages, paced reads of every stream). A failure of the sandbox itself raises
+itself. The runner lives in the sample's cpu (and cpuacct) group, so its work for the sample is the sample's
+CPU; its and this process's work per sample is bounded whatever the program writes (a fixed number of
+control messages, paced reads of every stream). At level ``full`` the top level runs once: a server that a
+call kills or stops ends the sample (``crashed``). A failure of the sandbox itself raises
 ``SandboxBroken`` (naming what broke): a run stops rather than train on zeros.
 
 Every level: RLIMIT_CPU (``cpu_s``, per process), RLIMIT_NOFILE (``nofile``), RLIMIT_FSIZE, RLIMIT_NPROC,
@@ -225,8 +227,8 @@ def _run(cmd: list, fds: tuple, env: dict, sample: _Sample, level: str, limits: 
         os.close(wfd)
     wrapped = level in _NAMESPACES
     try:
-        streams, timed_out = _pump(proc, sample.fds[1], limits, frames, _harness_deadline(t0, limits, n_calls),
-                                   wrapped, keep)  # fmt: skip
+        deadline = _harness_deadline(t0, limits, n_calls, reruns=level != "full")
+        streams, timed_out = _pump(proc, sample.fds[1], limits, frames, deadline, wrapped, keep)
     except BaseException:
         _kill_sample(proc, wrapped)  # an error here: the sample must not outlive it
         raise

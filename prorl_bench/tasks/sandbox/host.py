@@ -69,8 +69,8 @@ def _job(source: str, calls: Sequence[list] | None, entry_point: str, limits: Sa
         "system": [p for p in _SYSTEM if os.path.lexists(p)],
         "binds": [*trees, "/etc/ld.so.cache"],
         "hide": [p for p in hidden if _inside_any(p, trees) and not any(_inside_any(t, [p]) or t == p for t in trees)],
-        "cgroup": {"procs": cgroup.procs_files(), "counters": cgroup.counters(), "cpu": cgroup.cpu_counters()}
-        if cgroup else None,
+        "cgroup": {"procs": cgroup.procs_files(), "runner": cgroup.runner_files(), "counters": cgroup.counters(),
+                   "cpu": cgroup.cpu_counters()} if cgroup else None,
         "seccomp": seccomp,
     }  # fmt: skip
 

@@ -201,8 +201,9 @@ def _status(headers: list[dict], streams: _Streams, timed_out: bool) -> str:
     return "ok"
 
 
-def _harness_deadline(t0: float, limits: SandboxLimits, n_calls: int) -> float:
-    """When this process kills a sample whose runner has not ended it: every phase's limit, the top level
-    run again for each call (the weaker levels restart the server after each call), and a margin."""
+def _harness_deadline(t0: float, limits: SandboxLimits, n_calls: int, reruns: bool) -> float:
+    """When this process kills a sample whose runner has not ended it: every phase's limit and a margin. The
+    top level runs once (level full: a server gone or stopped ends the sample); with ``reruns`` (the weaker
+    levels restart the server after each call) once more per call."""
     top = limits.wall_s if limits.import_wall_s is None else limits.import_wall_s
-    return t0 + n_calls * (top + limits.wall_s) + top + WALL_MARGIN_S + 1.0
+    return t0 + n_calls * ((top if reruns else 0.0) + limits.wall_s) + top + WALL_MARGIN_S + 1.0

@@ -3,7 +3,8 @@ file's text>``; no project imports).
 
 It is the first process of the sample (PID 1 of the sample's pid namespace when namespaces are in force) and
 never executes the untrusted program itself. It reads its job (program source, entry point, argument lists,
-limits) from a memfd, opens the sample's cgroup files, builds the sample's private filesystem (mode
+limits) from a memfd, joins the sample's cpu and cpuacct groups (its CPU is the sample's), opens the sample's
+cgroup files, builds the sample's private filesystem (mode
 ``full``), then forks the sample's *server*: a child that joins the sample's cgroup, drops to the sample's
 unprivileged uid, applies the rlimits and the seccomp filter, compiles the program and runs its top level
 once (within ``import_wall_s``). For each test call the runner makes a pipe and hands its write end to the
@@ -31,10 +32,12 @@ import _socket
 import marshal
 import os
 import select
+import signal
 import sys
 import time
 
 RESULT_FD = -1  # set from argv: the write end of the harness's result pipe
+WAKE_FD = -1  # readable when a child of the runner changed state (SIGCHLD): the server stopped or died
 EXIT_SYNTAX, EXIT_EXCEPTION, EXIT_SETUP = 91, 92, 94
 RUNNER_FAILED = 90  # the runner's exit code when the sandbox could not be set up (the harness raises)
 READ_BURST, READ_PACE_S, READ_CAP = 64, 0.02, 4096  # reads of one call's result pipe: see CallPipe
@@ -53,6 +56,8 @@ def _exit_code(e):
 
 def server(job, cg, ctl):
     """The untrusted side of the sample: never returns. Runs the top level once, then serves calls."""
+    signal.set_wakeup_fd(-1)  # the runner's SIGCHLD wake-up is not the server's
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:  # the sandbox's own set-up (no program code has run): a failure here is the sandbox's, not the sample's
         for fd in cg["procs"]:
             os.write(fd, b"0")  # join the sample's cgroup (as root, before the uid drops)
@@ -167,6 +172,7 @@ def start_server(job, cg):
     poller = select.poll()
     poller.register(ours.fileno(), select.POLLIN)
     poller.register(srv["pidfd"], select.POLLIN)
+    poller.register(WAKE_FD, select.POLLIN)
     while got != b"CR":
         left = deadline - time.monotonic()
         events = poller.poll(max(0, int(left * 1000) + 1)) if left > 0 else []
@@ -174,10 +180,13 @@ def start_server(job, cg):
             kill_all(job, srv)
             return None, {"kind": "timeout", **observed(job, cg, before)}
         for fd, _ in events:
-            if fd == srv["pidfd"]:
-                _, status = os.waitpid(pid, 0)  # the runner's own child: its status is observed, not reported
-                srv["status"] = status
-                kill_all(job, srv)
+            if fd in (srv["pidfd"], WAKE_FD):  # the server ended, or a child of the runner changed state
+                while drain(WAKE_FD):
+                    pass
+                status = server_fate(srv)  # the runner's own child: its status is observed, not reported
+                if status is None:
+                    continue
+                kill_all(job, srv)  # it exited, or it stopped (then it is killed: a stopped top level is a crash)
                 if not got and os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_SETUP:
                     return None, {"kind": "setup"}  # the sandbox's set-up failed before any program code ran
                 kind = "main" if job["calls"] is None else "import"
@@ -236,11 +245,16 @@ class CallPipe:
 
 
 def run_call(job, cg, srv, i):
-    """Have the server run call ``i``; return (header, payload, server or None if it is gone). The server
-    may send one message, "D" + i (call i ended; a stale one for call i - 1 is skipped); any other ends
-    the sample. The class never comes from what the server says: only from the runner's observation."""
-    rfd, wfd = os.pipe()
+    """Have the server run call ``i``; return (header, payload, server or None if it is gone, how the server
+    ended if it died by itself during the call: ``exit_info``, else {}). The server may send one message,
+    "D" + i (call i ended; a stale one for call i - 1 is skipped); any other ends the sample. The
+    class never comes from what the server says: only from the runner's observation."""
     before = observe(cg)
+    fate = server_fate(srv)
+    if fate is not None:  # an earlier call stopped or killed the server: the sample ends here
+        kill_all(job, srv)
+        return {"kind": "died", **observed(job, cg, before), **exit_info(fate)}, b"", None, {}
+    rfd, wfd = os.pipe()
     deadline = time.monotonic() + job["wall_s"]
     try:
         srv["sock"].sendmsg(
@@ -254,28 +268,30 @@ def run_call(job, cg, srv, i):
     end = _wait_call(srv, pipe, deadline, i)
     pipe.drain()
     os.close(rfd)
+    fate = server_fate(srv) if end == "gone" else None  # stopped or died: the runner's own waitpid
     if end != "done" or pipe.over() or job["mode"] != "full" or not kill_others(srv):
         kill_all(job, srv)
-        gone = end == "gone" and srv["status"] is not None
-        info = exit_info(srv["status"]) if gone else {}  # the server's status, from the runner's own waitpid
+        if end == "gone" and fate is None:  # it had exited (its pidfd said so): kill_all reaped it
+            fate = srv["status"]
+        info = exit_info(fate) if fate is not None else {}
         srv = None
     else:
         info = {}
     seen = observed(job, cg, before)
     if end in ("timeout", "protocol"):
-        return {"kind": end, **seen}, b"", srv
+        return {"kind": end, **seen}, b"", srv, info
     if pipe.over():
-        return {"kind": "too_large", **seen}, b"", srv
+        return {"kind": "too_large", **seen}, b"", srv, info
     if pipe.buf:
-        return {"kind": "result", **seen}, bytes(pipe.buf), srv
-    return {"kind": "died", **seen, **info}, b"", srv
+        return {"kind": "result", **seen}, bytes(pipe.buf), srv, info
+    return {"kind": "died", **seen, **info}, b"", srv, {}
 
 
 def _wait_call(srv, pipe, deadline, i):
     """Wait for call ``i`` to end: "done" (its "D" message, or its pipe closed after data), "timeout" (the
     runner's clock), "gone" (the server died), "protocol" (an unexpected message)."""
     poller = select.poll()
-    for fd in (pipe.fd, srv["sock"].fileno(), srv["pidfd"]):
+    for fd in (pipe.fd, srv["sock"].fileno(), srv["pidfd"], WAKE_FD):
         poller.register(fd, select.POLLIN)
     stale = i - 1  # the "D" of the previous call may still be queued (the runner ends a call at its pipe's EOF)
     while True:
@@ -298,6 +314,11 @@ def _wait_call(srv, pipe, deadline, i):
                     poller.unregister(pipe.fd)
             elif fd == srv["pidfd"]:
                 return "gone"
+            elif fd == WAKE_FD:  # a child changed state: "gone" if it is the server and it stopped (or died)
+                while drain(WAKE_FD):
+                    pass
+                if server_fate(srv) is not None:
+                    return "gone"
             else:
                 msg = _recv(srv)
                 if msg is None:
@@ -326,10 +347,16 @@ def open_cgroup(job):
 
 
 def main():
-    global RESULT_FD
+    global RESULT_FD, WAKE_FD
     job_fd, RESULT_FD = int(sys.argv[1]), int(sys.argv[2])
+    WAKE_FD, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a stopped server wakes the runner (see _wait_call)
+    signal.set_wakeup_fd(wake)
     with os.fdopen(job_fd, "rb") as f:
         job = marshal.loads(f.read())  # written by the harness (trusted), like this runner's source
+    for path in (job["cgroup"] or {}).get("runner", ()):  # its work for the sample is the sample's CPU
+        with open(path, "w") as f:
+            f.write("0")
     cg = open_cgroup(job)
     if job["mode"] == "full":
         build_root(job["workdir"], job)  # noqa: F821 (runner_fs.py, prepended)
@@ -348,10 +375,14 @@ def main():
             if header is not None:
                 report(i, header, b"")
                 break
-        header, payload, srv = run_call(job, cg, srv, i)
+        header, payload, srv, fate = run_call(job, cg, srv, i)
         report(i, header, payload)
         if header["kind"] in ("timeout", "protocol") or header["oom"]:
             break  # the call's time is up, the sample broke the protocol or hit its memory limit: no more calls
+        if srv is None and job["mode"] == "full":  # the server, which ran the top level once, is gone: no rerun
+            if fate and i + 1 < len(calls):  # it died during call i, after that call's result: the next one
+                report(i + 1, {"kind": "died", "oom": 0, "cpu": header["cpu"], **fate}, b"")
+            break
     if srv is not None:
         kill_all(job, srv)
     os.close(RESULT_FD)

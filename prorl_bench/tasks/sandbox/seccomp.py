@@ -21,7 +21,14 @@ Refused (``EPERM`` unless noted):
   ``statmount``, ``listmount``, ``open_tree_attr`` (by number where libseccomp does not know them);
 - the host's page cache: ``fadvise64`` (``POSIX_FADV_DONTNEED`` evicts a shared file's cached pages, e.g. the
   stdlib's), ``madvise`` with ``MADV_COLD``/``MADV_PAGEOUT``, ``process_madvise`` (every other ``madvise``,
-  which only touches the caller's own mappings, is allowed: malloc needs it).
+  which only touches the caller's own mappings, is allowed: malloc needs it); ``cachestat`` and ``mincore``
+  (which pages of a shared file are cached: a channel between samples);
+- the machine's writeback and memory placement: ``sync``, ``syncfs`` (host-wide I/O on the trainer's time),
+  ``mbind``, ``set_mempolicy``, ``set_mempolicy_home_node``, ``migrate_pages``, ``move_pages``, ``memfd_secret``,
+  ``process_mrelease``, ``vmsplice``.
+
+A test per family (``tests/tasks/test_sandbox_v5.py``) calls each one with arguments no kernel accepts, in a
+sample and as root with the filter alone: ``EPERM`` in both.
 """
 
 import ctypes
@@ -45,10 +52,13 @@ DENIED_SYSCALLS = (
     "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "syslog", "open_by_handle_at",
     "name_to_handle_at", "fanotify_init", "iopl", "ioperm", "modify_ldt", "vhangup", "lookup_dcookie", "uselib",
     "nfsservctl", "_sysctl", "fadvise64", "process_madvise", "open_tree_attr", "statmount", "listmount",
+    "cachestat", "mincore", "sync", "syncfs", "mbind", "set_mempolicy", "set_mempolicy_home_node", "migrate_pages",
+    "move_pages", "memfd_secret", "process_mrelease", "vmsplice",
 )  # fmt: skip
 # System calls newer than some libseccomp releases (2.5 resolves none of these): their numbers, the same on
 # every architecture since Linux 5.1 numbered new calls alike (asm-generic), used when the name is unknown.
-UNIFIED_NUMBERS = {"statmount": 457, "listmount": 458, "open_tree_attr": 467}
+UNIFIED_NUMBERS = {"memfd_secret": 447, "process_mrelease": 448, "set_mempolicy_home_node": 450, "cachestat": 451,
+                   "statmount": 457, "listmount": 458, "open_tree_attr": 467}  # fmt: skip
 MADV_COLD, MADV_PAGEOUT = 20, 21  # reclaim pages of a mapping: on a shared file, the host's page cache
 
 
