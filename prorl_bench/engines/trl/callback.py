@@ -13,9 +13,11 @@ or a training metric (stall with ``metric="reward"``) gets TRL's own logged valu
 ``logs``: the callback sets ``control.should_log`` at every RL-step end (TrainerControl, the documented
 way for a callback to ask the Trainer for a log), so whatever ``logging_steps`` is, every RL step's
 values reach it; logs inside an RL step (``logging_steps`` smaller than the RL step) are averaged,
-weighted by the optimizer steps each covers. The KL is TRL's ``kl``: k3 of the policy being updated
-to the reference, its mean over the RL step's optimizer steps. A stall metric named ``eval_*`` is read
-from ``on_evaluate``'s metrics instead (one observation per evaluation).
+weighted by the optimizer steps each covers. In a plain script the KL is TRL's ``kl``: k3 of the
+policy being updated to the reference, its mean over the RL step's optimizer steps. ``engine=trl``
+does not use that path: it calls ``rl_step_end(step, kl=...)`` itself with the bench's ``kl/ref``,
+measured as native measures it (``run/kl_measure.reference_kl``; engines/trl/rundir.py). A stall
+metric named ``eval_*`` is read from ``on_evaluate``'s metrics instead (one observation per evaluation).
 
 **A reset** is the bench's one reset sequence (``rl/reset_sequence.py``: ``decide`` then ``reset``, the
 same code the native trainer calls; this callback is its ``ResetTarget``). It

@@ -249,7 +249,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "reset.*",
         "`ReferenceResetCallback`: the same trigger registry (periodic, kl_spike, stall, polyak); "
-        "kl_spike reads TRL's logged `kl` (current policy vs reference, mean over the step's optimizer steps)",
+        "kl_spike reads `kl/ref`, measured as native measures it (`run/kl_measure.reference_kl`)",
     ),
     Rule(
         "opt_reset.*",
