@@ -231,13 +231,14 @@ def force_option_params(args: list[str]) -> list[str]:
 
 
 def _engine_by_value(arg: str) -> str:
-    """``engine=NAME`` for a registered engine without a YAML of its own (a plugin's) as
-    ``engine.name=NAME``: the engine group's YAMLs only select an engine, so the group's name selects a
-    plugin's as it selects a built-in's. Anything else (a YAML's name, a list, ``+``) is left to Hydra."""
+    """``engine=NAME`` without a YAML of its own as ``engine.name=NAME``: the engine group's YAMLs only
+    select an engine, so the group's name selects a plugin's engine as it selects a built-in's, and an
+    unknown name is the config error of ``engine.name`` listing the registered engines (not Hydra's list
+    of YAML files). A YAML's name, a list, a sweep and ``+`` are left to Hydra."""
     from prorl_bench.searchpath import CONF_DIR
 
     pair = _split(arg)
-    if arg.startswith("+") or pair is None or pair[0] != "engine" or pair[1] not in registry.ENGINES:
+    if arg.startswith("+") or pair is None or pair[0] != "engine" or not pair[1].isidentifier():
         return arg
     return arg if (CONF_DIR / "engine" / f"{pair[1]}.yaml").is_file() else f"engine.name={pair[1]}"
 

@@ -21,7 +21,6 @@ import shutil
 import warnings
 from collections.abc import Sequence
 
-from prorl_bench import registry
 from prorl_bench.config import ConfigError
 
 MULTIRUN = {"-m", "--multirun"}
@@ -99,8 +98,6 @@ def composition_problem(e: Exception, prog: str = "prorl-bench") -> str | None:
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
         group, _, name = e.missing_cfg_file.rpartition("/")
         options = list(e.options or [])
-        if group == "engine":  # a plugin's engine is selected by the group's name too (confhelp._engine_by_value)
-            options = list(dict.fromkeys(options + registry.ENGINES.names()))
         close = difflib.get_close_matches(name, options, n=2, cutoff=0.6)
         hint = f"; did you mean {group}={' or '.join(close)}?" if close else ""
         return f"{prog}: config error: {group}={name} is not an option: {group} is one of {', '.join(options)}{hint}"

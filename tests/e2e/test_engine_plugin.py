@@ -89,4 +89,9 @@ def test_the_engines_check_refuses_and_unknown_engines_are_listed(plugin_dir):
     assert "invalid config value engine.name='wrapped_nativ': allowed native, trl, wrapped_native" in proc.stderr
     proc = _cli(["plugins=[wrapped_native]", "engine=wrapped_nativ"], plugin_dir)
     assert proc.returncode == 2
-    assert "engine is one of native, trl, wrapped_native; did you mean engine=wrapped_native?" in proc.stderr
+    assert "invalid config value engine.name='wrapped_nativ': allowed native, trl, wrapped_native" in proc.stderr
+    proc = _cli(["engine=typo"], plugin_dir)  # no plugin: the built-in engines
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == "prorl-bench: config error: invalid config value engine.name='typo': allowed native, trl"
+    )
