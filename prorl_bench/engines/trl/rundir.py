@@ -134,7 +134,7 @@ class BenchRunCallback(TrainerCallback):
         kl = self.step_kl(step, measured)
         eval_s = self.validate_phase(step)
         t = time.perf_counter()
-        info = self.resets.rl_step_end(step, kl=None if math.isnan(kl.ref) else kl.ref)
+        info = self.resets.rl_step_end(step, kl=kl.ref)  # as native: the typed KL (NaN: none measured)
         reset_s = time.perf_counter() - t if info else 0.0
         if info is not None:
             reason = info.pop("reason")
