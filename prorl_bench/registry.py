@@ -247,7 +247,8 @@ RESET_TRIGGERS: Registry[type] = Registry("reset.trigger", "reset trigger")
 OPT_TRANSFORMS: Registry[Callable[..., Any]] = Registry("opt_reset.kind", "optimizer-state transform")
 REFERENCES: Registry[type] = Registry("variant.reference", "reference strategy")
 DETECTORS: Registry[type] = Registry("detector.name", "detector")
-AXES = (ADVANTAGES, KL_ESTIMATORS, TASKS, RESET_TRIGGERS, OPT_TRANSFORMS, REFERENCES, DETECTORS)
+ENGINES: Registry[Any] = Registry("engine.name", "engine")  # an engines.base.Engine instance per name
+AXES = (ADVANTAGES, KL_ESTIMATORS, TASKS, RESET_TRIGGERS, OPT_TRANSFORMS, REFERENCES, DETECTORS, ENGINES)
 
 _CONFIG_CHECKS: list[Callable[[Any], None]] = []
 

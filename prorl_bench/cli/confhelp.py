@@ -206,8 +206,10 @@ def force_option_params(args: list[str]) -> list[str]:
     """The command line with ``++`` before an option parameter whose option the same line selects by
     value (``reset.trigger=every_after reset.every=4``): that option's YAML (if any) was not composed,
     so Hydra has no such key to override. Parameters of options selected by group (``reset=periodic``)
-    are in their YAML and are left as typed."""
+    are in their YAML and are left as typed. ``engine=NAME`` selects a plugin's engine by value
+    (``_engine_by_value``)."""
     registry.load_plugins(_plugins(args))
+    args = [_engine_by_value(a) for a in args]
     pairs = [_split(a) for a in args]
     selected = {
         reg.section: pair[1]
@@ -226,6 +228,19 @@ def force_option_params(args: list[str]) -> list[str]:
                 arg = "++" + arg
         out.append(arg)
     return out
+
+
+def _engine_by_value(arg: str) -> str:
+    """``engine=NAME`` without a YAML of its own as ``engine.name=NAME``: the engine group's YAMLs only
+    select an engine, so the group's name selects a plugin's engine as it selects a built-in's, and an
+    unknown name is the config error of ``engine.name`` listing the registered engines (not Hydra's list
+    of YAML files). A YAML's name, a list, a sweep and ``+`` are left to Hydra."""
+    from prorl_bench.searchpath import CONF_DIR
+
+    pair = _split(arg)
+    if arg.startswith("+") or pair is None or pair[0] != "engine" or not pair[1].isidentifier():
+        return arg
+    return arg if (CONF_DIR / "engine" / f"{pair[1]}.yaml").is_file() else f"engine.name={pair[1]}"
 
 
 def _unknown_at(key: str, groups: set[str], root: Any) -> str | None:

@@ -11,5 +11,5 @@ from __future__ import annotations
 
 def load_option_code() -> None:
     """Import the modules whose options' code registers config checks (once; cheap after the first call)."""
-    import prorl_bench.engines.trl.config_map  # noqa: F401
+    import prorl_bench.engines  # noqa: F401  (the engines: engine=trl's check)
     import prorl_bench.tasks  # noqa: F401

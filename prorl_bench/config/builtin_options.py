@@ -29,6 +29,7 @@ from prorl_bench.config.enums import K2Mode, KLPlacement
 from prorl_bench.registry import (
     ADVANTAGES,
     DETECTORS,
+    ENGINES,
     KL_ESTIMATORS,
     OPT_TRANSFORMS,
     REFERENCES,
@@ -361,6 +362,16 @@ DETECTORS.declare(
     "reward_field",
     "Labels a sample when the field detector.field its reward reports exceeds detector.threshold.",
     params=RewardFieldParams,
+)
+
+# --------------------------------------------------------------------------- engines (engine.name)
+# code: engines/native.py, engines/trl/engine.py (an engines.base.Engine each; prorl_bench.engines imports
+# them). An engine's ``check(cfg)`` refuses what it cannot run when the config is validated.
+
+ENGINES.declare("native", "The bench's own trainer (prorl_bench/run/trainer.py), which runs every knob and variant.")
+ENGINES.declare(
+    "trl",
+    "TRL's GRPOTrainer built from the bench's config, refusing the knobs TRL cannot express (needs TRL installed).",
 )
 
 builtins_declared()

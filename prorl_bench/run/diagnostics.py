@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from prorl_bench.config import Config
-from prorl_bench.rl.losses import diagnostic_agg
-from prorl_bench.run.kl_measure import K2_REF_OVER_OLD, mean_kl
+from prorl_bench.run.kl_measure import reference_kl
 from prorl_bench.run.lifecycle import RunState
 from prorl_bench.run.phases import Advantages, Scored, Update
 from prorl_bench.run.setup import RunContext
@@ -20,23 +19,16 @@ from prorl_bench.run.step_signals import GrowthDecision, KLStats, ResetDecision
 def step_kl(
     ctx: RunContext, s: RunState, sc: Scored, logp_old: torch.Tensor, upd: Update, rows: torch.Tensor
 ) -> KLStats:
-    """The step's KL signals, from the update's figures: to the reference over the updated rows (NaN
-    for variant B or when no row was trained), to pi_old, and to the base while the reference is it.
-
-    ``ref`` uses the configured estimator; ``ref_k1`` is the unbiased k1 estimate, comparable across
-    estimators; ``k2_ref_over_old`` is the ProRL v2 blog formula, a diagnostic only."""
+    """The step's KL signals, from the update's figures, by the measurement every engine shares
+    (``kl_measure.reference_kl``): to the reference over the updated rows (NaN for variant B or when
+    no row was trained), to pi_old, and to the base while the reference is it."""
     kl_old, mask = upd.means()["kl/old"], sc.batch.completion_mask
     if not s.ref.exists or len(rows) == 0:
-        ref = ref_k1 = k2 = float("nan")
-    else:
-        lo, lr, m = logp_old[rows], upd.ref_rows[rows], mask[rows]
-        agg = diagnostic_agg(ctx.cfg.algo.loss_agg)
-        ref = float(mean_kl(ctx.kl, lo, lr, m, agg))
-        ref_k1 = float(mean_kl("k1", lo, lr, m, agg))  # k1 takes no exp: no clamp applies
-        k2 = float(mean_kl(K2_REF_OVER_OLD, lo, lr, m, agg))
+        return reference_kl(ctx.kl, None, None, None, ctx.cfg.algo.loss_agg, kl_old, s.ref.is_base)
     # KL to the initial base: kl/ref while the reference is the base; once it moved (a reset, or a
     # moving strategy) it is measured at regular validation steps (validate_phase); B has no second model
-    return KLStats(ref, ref_k1, k2, kl_old, ref if s.ref.is_base else float("nan"))
+    lo, lr, m = logp_old[rows], upd.ref_rows[rows], mask[rows]
+    return reference_kl(ctx.kl, lo, lr, m, ctx.cfg.algo.loss_agg, kl_old, s.ref.is_base)
 
 
 def metrics_row(

@@ -1,5 +1,6 @@
-"""Step events at the step boundary: reference resets (with the optimizer-state transform and the LR
-restart rule that comes with it) and adapter rank growth (with the optimizer-state migration)."""
+"""Step events at the step boundary: reference resets (the sequence every engine shares,
+``rl/reset_sequence.py``, on the native run's objects) and adapter rank growth (with the
+optimizer-state migration)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,33 @@ import torch
 from prorl_bench.config import AdapterKind, LossAgg, ResetSource
 from prorl_bench.models.lora import adapter_rank, grow_rank
 from prorl_bench.models.rollout import Rollout, chunked_logprobs
-from prorl_bench.registry import OPT_TRANSFORMS
+from prorl_bench.rl import reset_sequence
 from prorl_bench.rl.growth import migrate_optimizer
-from prorl_bench.rl.opt_state import apply_opt_reset, moment_norms
+from prorl_bench.rl.reset_sequence import lr_restart_warmup
 from prorl_bench.run.kl_measure import mean_kl
 from prorl_bench.run.lifecycle import RunState
 from prorl_bench.run.phases import count_policy_forward
 from prorl_bench.run.setup import RunContext, build_optimizer
 from prorl_bench.run.step_signals import GrowthDecision, KLStats, ResetDecision
 
+__all__ = ["NativeReset", "grow_phase", "lr_restart_warmup", "reset_phase"]  # lr_restart_warmup: rl/reset_sequence
+
 
 def reset_phase(ctx: RunContext, s: RunState, out: Any, batch: Rollout, kl: KLStats, step: int) -> ResetDecision:
-    """Reference reset at the step boundary (variant C): the trigger sees the step's KL to the
-    reference; a reset moves the reference weights, then the optimizer state; then the adaptive KL
+    """Reference reset at the step boundary (variant C), by the sequence every engine shares
+    (``rl/reset_sequence.py``): the trigger reads the step's typed KL to the reference; a reset moves
+    the reference weights, then the optimizer state, then the LR schedule; then the adaptive KL
     coefficient sees the step's KL (to pi_old for B)."""
-    ref = s.ref
-    s.resets.observe_step(step, kl.ref if ref.exists else None)
-    decision = ResetDecision(s.resets.due(step) if ref.exists else None)
+    ref, cfg = s.ref, ctx.cfg
+    if ref.exists:
+        decision = ResetDecision(reset_sequence.decide(s.resets, step, kl.ref))
+    else:  # no reference to reset: the trigger still sees the step
+        s.resets.observe_step(step, None)
+        decision = ResetDecision()
     if decision.happened:
         with ctx.acct.stage("reset"):
-            info = _reset(ctx, s, batch, step)
-        s.resets.mark_reset(step)
+            target = NativeReset(ctx, s, batch)
+            info = reset_sequence.reset(s.resets, step, cfg.opt_reset, cfg.algo.lr_warmup_steps, target)
         out.event(step, "reset", decision.reason, **info)
     s.kl_ctl.update(kl.for_controller(ref.exists))
     return decision
@@ -47,58 +54,42 @@ def grow_phase(ctx: RunContext, s: RunState, out: Any, reset: ResetDecision, ste
     return GrowthDecision(why, adapter_rank(s.policy) if ctx.cfg.adapter.kind == AdapterKind.lora else None)
 
 
-def lr_restart_warmup(o: Any, lr_warmup_steps: int) -> int | None:
-    """The LR-restart rule that goes with an optimizer transform (``opt_reset`` group ``o``): the
-    warm-up steps the schedule restarts with at the next step, or None (the schedule goes on). A
-    transform that resets Adam's step is a fresh optimizer and comes with a fresh schedule (at least
-    the run's own warm-up); any other restarts only when ``opt_reset.rewarmup_steps`` > 0."""
-    if OPT_TRANSFORMS.meta(o.kind).get("step") == "reset":
-        return max(lr_warmup_steps, o.rewarmup_steps)
-    return o.rewarmup_steps if o.rewarmup_steps > 0 else None
+class NativeReset:
+    """The native run's ``ResetTarget`` (``rl/reset_sequence.py``): its reference strategy, AdamW, LR
+    schedule and KL controller. The KL of the current policy to the reference is measured on this
+    step's rollout just before and just after the reference moves (one policy and two reference
+    forwards, charged to time/reset)."""
 
+    def __init__(self, ctx: RunContext, s: RunState, batch: Rollout) -> None:
+        self.ctx, self.s, self.batch = ctx, s, batch
+        self.source: dict[str, Any] = {}
 
-def _reset(ctx: RunContext, s: RunState, batch: Rollout, step: int) -> dict[str, Any]:
-    """Reset pi_ref (a copy for alpha = 1, else a polyak alpha-mix) and transform the optimizer state;
-    describe it.
+    def reset_optimizer(self) -> torch.optim.Optimizer:
+        return self.s.optimizer
 
-    The KL of the current policy to the reference is measured on this step's rollout just before
-    and just after the reset (one policy and two reference forwards, charged to time/reset).
-    """
-    cfg, acct, banned, chunk = ctx.cfg, ctx.acct, ctx.banned, ctx.mb_size
-    t, alpha, policy, ref = cfg.algo.temperature, s.resets.alpha, s.policy, s.ref
-    logp = chunked_logprobs(policy, batch, t, banned, chunk)
-    count_policy_forward(acct, policy, batch, backward=False)
+    def move_reference(self, alpha: float) -> dict[str, Any]:
+        ctx, s, batch = self.ctx, self.s, self.batch
+        t = ctx.cfg.algo.temperature
+        logp = chunked_logprobs(s.policy, batch, t, ctx.banned, ctx.mb_size)
+        count_policy_forward(ctx.acct, s.policy, batch, backward=False)
 
-    def kl_now() -> float:
-        ref.forward_cost(acct, batch)
-        lr = chunked_logprobs(ref.model, batch, t, banned, chunk)
-        return float(mean_kl("k3", logp, lr, batch.completion_mask, LossAgg.token))
+        def kl_now() -> float:
+            s.ref.forward_cost(ctx.acct, batch)
+            lr = chunked_logprobs(s.ref.model, batch, t, ctx.banned, ctx.mb_size)
+            return float(mean_kl("k3", logp, lr, batch.completion_mask, LossAgg.token))
 
-    kl_before = kl_now()
-    m_before, v_before = moment_norms(s.optimizer)
-    weights, source = _reset_source(cfg, s)
-    ref.reset_to(policy, alpha, weights)
-    opt_info = apply_opt_reset(s.optimizer, cfg.opt_reset)
-    warmup = lr_restart_warmup(cfg.opt_reset, cfg.algo.lr_warmup_steps)
-    if warmup is not None:
-        s.schedule.restart(step + 1, warmup)
-    if cfg.reset.restore_beta:
-        s.kl_ctl.restore()
-    m_after, v_after = moment_norms(s.optimizer)
-    return {
-        "action": "polyak" if alpha < 1.0 else "copy",
-        "alpha": alpha,
-        "kl_before": kl_before,
-        "kl_after": kl_now(),
-        **opt_info,
-        "m_norm_before": m_before,
-        "m_norm_after": m_after,
-        "v_norm_before": v_before,
-        "v_norm_after": v_after,
-        "next_lr": s.schedule.lr(step + 1),
-        "beta_after": s.kl_ctl.value,
-        **source,
-    }
+        kl_before = kl_now()
+        weights, self.source = _reset_source(ctx.cfg, s)
+        s.ref.reset_to(s.policy, alpha, weights)
+        return {"kl_before": kl_before, "kl_after": kl_now()}
+
+    def restart_lr(self, start_step: int, warmup: int) -> None:
+        self.s.schedule.restart(start_step, warmup)
+
+    def after_reset(self, step: int) -> dict[str, Any]:
+        if self.ctx.cfg.reset.restore_beta:
+            self.s.kl_ctl.restore()
+        return {"next_lr": self.s.schedule.lr(step + 1), "beta_after": self.s.kl_ctl.value, **self.source}
 
 
 def _reset_source(cfg, s: RunState) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:

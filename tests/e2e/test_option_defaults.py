@@ -48,6 +48,8 @@ def _select(reg: registry.Registry, name: str, hf_dir: Path, by_group: bool) -> 
         # a transform that fixes the step policy (hard) needs it stated when selected by value
         "opt_reset.kind": [f"opt_reset.step={s}"] if (s := reg.meta(name).get("step")) and not by_group else [],
     }.get(reg.key, [])
+    if reg is registry.ENGINES and name == "trl":  # TRL trains HF models and states its own adv_eps
+        extra = ["model=hf_causal_lm", f"model.path={hf_dir}", "algo.adv_eps=1e-4"]
     if reg is registry.TASKS and (registry.TASKS.meta(name).get("needs_hf") or name == "code"):
         extra = ["model=hf_causal_lm", f"model.path={hf_dir}"]
         if registry.TASKS.meta(name).get("reads_path"):

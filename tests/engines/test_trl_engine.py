@@ -332,6 +332,8 @@ def test_trl_run_writes_the_bench_run_directory_and_resumes(tmp_path, model_dir)
                 "count/ref_fwd", "tokens/ref_fwd", "reset"}  # fmt: skip
     assert contract <= set(rows[0])
     assert all(r["count/ref_fwd"] > 0 for r in rows)  # TRL's reference forwards, counted by hooks
+    # native's measurement of the KL to the reference (run/kl_measure.reference_kl), the trigger's signal
+    assert all(r["kl/ref"] >= 0 and r["kl/ref_k1"] is not None and r["kl/k2_ref_over_old"] >= 0 for r in rows)
     for r in rows:  # measured around TRL's methods (tests above check their values)
         for key in ("kl/old", "update_norm", "time/rollout", "time/reward", "time/old_logprob", "time/update"):
             assert r[key] is not None and r[key] >= 0, key

@@ -13,11 +13,14 @@ or a training metric (stall with ``metric="reward"``) gets TRL's own logged valu
 ``logs``: the callback sets ``control.should_log`` at every RL-step end (TrainerControl, the documented
 way for a callback to ask the Trainer for a log), so whatever ``logging_steps`` is, every RL step's
 values reach it; logs inside an RL step (``logging_steps`` smaller than the RL step) are averaged,
-weighted by the optimizer steps each covers. The KL is TRL's ``kl``: k3 of the policy being updated
-to the reference, its mean over the RL step's optimizer steps. A stall metric named ``eval_*`` is read
-from ``on_evaluate``'s metrics instead (one observation per evaluation).
+weighted by the optimizer steps each covers. In a plain script the KL is TRL's ``kl``: k3 of the
+policy being updated to the reference, its mean over the RL step's optimizer steps. ``engine=trl``
+does not use that path: it calls ``rl_step_end(step, kl=...)`` itself with the bench's ``kl/ref``,
+measured as native measures it (``run/kl_measure.reference_kl``; engines/trl/rundir.py). A stall
+metric named ``eval_*`` is read from ``on_evaluate``'s metrics instead (one observation per evaluation).
 
-**A reset**
+**A reset** is the bench's one reset sequence (``rl/reset_sequence.py``: ``decide`` then ``reset``, the
+same code the native trainer calls; this callback is its ``ResetTarget``). It
 
 1. moves the reference: ``alpha = 1`` copies the policy, ``alpha < 1`` (polyak) mixes the weights,
    ``ref <- (1 - alpha) ref + alpha policy``. A full model: TRL's ``ref_model``, parameter by parameter
@@ -68,7 +71,7 @@ from prorl_bench.engines.trl import peft_reference
 from prorl_bench.engines.trl.config_map import REFERENCE_ADAPTER, trl_version_problem
 from prorl_bench.engines.trl.peft_reference import is_peft, reset_peft_reference
 from prorl_bench.registry import OPT_TRANSFORMS, RESET_TRIGGERS
-from prorl_bench.rl.opt_state import apply_opt_reset, moment_norms
+from prorl_bench.rl import reset_sequence
 from prorl_bench.rl.resets import ResetSchedule, StepCounterHazardWarning, Trigger, reset_reference, step_counter_hazard
 from prorl_bench.rl.schedule import LRSchedule
 
@@ -181,14 +184,6 @@ def opt_config(value: Any) -> OptResetConfig:
         return OptResetConfig(**split_section(value, "opt_reset", OptResetConfig))
     except ValueError as e:
         raise ValueError(str(e).replace("config key opt_reset.", "key opt_reset.")) from None
-
-
-def lr_restart(opt: OptResetConfig, warmup_rl_steps: int) -> int | None:
-    """Warm-up length (RL steps) the LR factor restarts with after a reset, None for no restart: a
-    transform that fixes ``step=reset`` (hard) is a fresh optimizer, so its schedule starts over too."""
-    if OPT_TRANSFORMS.meta(opt.kind).get("step") == "reset":
-        return max(warmup_rl_steps, opt.rewarmup_steps)
-    return opt.rewarmup_steps if opt.rewarmup_steps > 0 else None
 
 
 def _observes_steps(trigger: Trigger) -> bool:
@@ -431,55 +426,50 @@ class ReferenceResetCallback(TrainerCallback):
         self.schedule.observe_validation(value)
 
     def rl_step_end(self, step: int, kl: float | None = None, metric: float | None = None) -> dict[str, Any] | None:
-        """Feed the trigger RL step ``step``'s KL (and stall metric); reset when it fires. Returns the
-        reset's description (None: no reset)."""
-        if metric is not None:
-            self.observe_validation(metric)
-        self.schedule.observe_step(step, kl)
-        reason = self.schedule.due(step)
+        """Feed the trigger RL step ``step``'s KL (and stall metric); reset when it fires — the
+        decision and the reset are the bench's one sequence (``rl/reset_sequence.py``; this callback is
+        its ``ResetTarget``). Returns the reset's description (None: no reset)."""
+        reason = reset_sequence.decide(self.schedule, step, kl, metric)
         if reason is None:
             return None
         if self.metric is not None:  # the trigger names the bench's own metric key
             reason = reason.replace(self.reset_cfg.metric.value, self.metric, 1)
-        info = self.reset_now(step)
-        self.schedule.mark_reset(step)
+        info = reset_sequence.reset(self.schedule, step, self.opt_cfg, self._restart_warmup(), self)
         info = {"reason": reason, **info}
         self.resets.append({"step": step, **info})
         if self.on_reset is not None:
             self.on_reset(step, reason, info)
         return info
 
+    # ------------------------------------------------------------------ the reset's target (ResetTarget)
+
+    def reset_optimizer(self) -> torch.optim.Optimizer:
+        """TRL's AdamW, unwrapped from accelerate."""
+        return self._optimizer()
+
     @torch.no_grad()
-    def reset_now(self, step: int) -> dict[str, Any]:
-        """The reset itself at the end of RL ``step``: reference, optimizer state, LR factor."""
-        alpha = self.schedule.alpha
+    def move_reference(self, alpha: float) -> dict[str, Any]:
+        """TRL's ``ref_model`` (parameter by parameter) or a PEFT policy's ``ref`` adapter moves to the policy."""
         policy = self._policy()
-        extra: dict[str, Any] = {}
         if is_peft(policy):
-            extra = reset_peft_reference(policy, alpha)
-        else:
-            if self.ref_model is None:
-                raise ValueError("ReferenceResetCallback is not bound to a reference model (bind(trainer))")
-            reset_reference(unwrap(self.ref_model, "module"), policy, alpha)
-        optimizer = self._optimizer()
-        m_before, v_before = moment_norms(optimizer)
-        opt_info = apply_opt_reset(optimizer, self.opt_cfg)
-        warm = lr_restart(self.opt_cfg, max(self.lr_warmup_steps, self.trl_warmup_rl_steps))
-        if warm is not None:
-            self.lr.restart(step + 1, warm)
+            return reset_peft_reference(policy, alpha)
+        if self.ref_model is None:
+            raise ValueError("ReferenceResetCallback is not bound to a reference model (bind(trainer))")
+        reset_reference(unwrap(self.ref_model, "module"), policy, alpha)
+        return {}
+
+    def restart_lr(self, start_step: int, warmup: int) -> None:
+        """Restart the LR factor multiplied into TRL's scheduler (RL steps)."""
+        self.lr.restart(start_step, warmup)
+
+    def after_reset(self, step: int) -> dict[str, Any]:
+        """The LR TRL's next optimizer step uses, once the factor is applied."""
         self._refresh_lr()
-        m_after, v_after = moment_norms(optimizer)
-        return {
-            "action": "polyak" if alpha < 1.0 else "copy",
-            "alpha": alpha,
-            **extra,
-            **opt_info,
-            "m_norm_before": m_before,
-            "m_norm_after": m_after,
-            "v_norm_before": v_before,
-            "v_norm_after": v_after,
-            "next_lr": optimizer.param_groups[0]["lr"],
-        }
+        return {"next_lr": self._optimizer().param_groups[0]["lr"]}
+
+    def _restart_warmup(self) -> int:
+        """The warm-up a fresh optimizer restarts with: the callback's own, or TRL's in RL steps."""
+        return max(self.lr_warmup_steps, self.trl_warmup_rl_steps)
 
     # ------------------------------------------------------------------ the LR factor
 
@@ -495,7 +485,7 @@ class ReferenceResetCallback(TrainerCallback):
 
     def _lr_factor_used(self) -> bool:
         """Whether the factor can ever differ from 1 (otherwise TRL's scheduler is left untouched)."""
-        restart = lr_restart(self.opt_cfg, max(self.lr_warmup_steps, self.trl_warmup_rl_steps))
+        restart = reset_sequence.lr_restart_warmup(self.opt_cfg, self._restart_warmup())
         return self.lr_warmup_steps > 0 or (self.reset_cfg.trigger != "none" and bool(restart))
 
     def wrap_lr(self) -> None:

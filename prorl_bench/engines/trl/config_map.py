@@ -27,7 +27,6 @@ from prorl_bench.config import (
     ModelKind,
     NonFinitePolicy,
 )
-from prorl_bench.registry import config_check
 
 TRL_VERSION = "1.16.0"  # the pinned TRL (pyproject extra ``trl``) the rules were read from
 # the TRL releases the engine and ReferenceResetCallback are tested on: [first, last] (1.16.0 is also the newest
@@ -91,6 +90,7 @@ def _unless(ok: Callable[[Config], bool], why: str) -> Callable[[Config], str | 
 RULES: tuple[Rule, ...] = (
     Rule("engine.name", "`trl` builds `trl.GRPOTrainer` (never a re-implementation)"),
     Rule("engine.gradient_checkpointing", "`gradient_checkpointing` (off: the same work as native)"),
+    Rule("engine.params", "n/a (the trl engine takes no parameters)"),
     # ---- the model
     Rule(
         "model.kind",
@@ -249,7 +249,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "reset.*",
         "`ReferenceResetCallback`: the same trigger registry (periodic, kl_spike, stall, polyak); "
-        "kl_spike reads TRL's logged `kl` (current policy vs reference, mean over the step's optimizer steps)",
+        "kl_spike reads `kl/ref`, measured as native measures it (`run/kl_measure.reference_kl`)",
     ),
     Rule(
         "opt_reset.*",
@@ -400,10 +400,10 @@ def refusals(cfg: Config) -> list[tuple[str, str]]:
     return out
 
 
-@config_check
 def refuse_for_trl(cfg: Config) -> None:
     """engine=trl: a ConfigError naming every key TRL cannot express, before any directory or model
-    exists (runs wherever a config is validated: the CLI's preflight, the sweep's up-front check)."""
+    exists (the TRL engine's ``check``: runs wherever a config is validated — the CLI's preflight, the
+    sweep's up-front check — once ``prorl_bench.engines`` is imported)."""
     if cfg.engine.name != "trl":
         return
     found = refusals(cfg)

@@ -25,20 +25,23 @@ from prorl_bench.config import Config
 from prorl_bench.engines.trl.build import RewardLog
 from prorl_bench.engines.trl.callback import ReferenceResetCallback, unwrap
 from prorl_bench.engines.trl.meters import StepMeter
+from prorl_bench.rl.kl import build_kl
 from prorl_bench.run.checkpoint import config_dict, save_verified
 from prorl_bench.run.diagnostics import NO_SIGNAL_STEPS, warn_if_no_signal
 from prorl_bench.run.evaluation import correct_counts, prompts_to_write, validate
+from prorl_bench.run.kl_measure import reference_kl
 from prorl_bench.run.memory import RSS_KEY, rss_mb
 from prorl_bench.run.outputs import COUNTERS, STAGES
+from prorl_bench.run.step_signals import KLStats
 
 BENCH_STATE = "prorl_bench_state.pt"  # in TRL's checkpoint-N directory, next to its optimizer.pt
-# bench key <- TRL's logged key (averaged by TRL over the RL step's optimizer steps)
+# bench key <- TRL's logged key (averaged by TRL over the RL step's optimizer steps). Not kl/ref: TRL's
+# logged ``kl`` is k3 of the policy being updated; the bench measures native's (``BenchRunCallback.step_kl``)
 TRL_KEYS = {
     "loss/total": "loss",
     "entropy": "entropy",
     "clip_frac": "clip_ratio/region_mean",
     "grad_norm": "grad_norm",
-    "kl/ref": "kl",
     "lr": "learning_rate",
     "response_len": "completions/mean_length",
 }
@@ -103,6 +106,7 @@ class BenchRunCallback(TrainerCallback):
         self._done = (0, 0)
         self._t0 = self._mark = time.perf_counter()
         self.meter = StepMeter(trainer.model, self.per, cfg.hardware.update_norm)
+        self.kl = build_kl(cfg.kl_estimator)  # the run's estimator, bound once (as native's ctx.kl)
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self._t0
@@ -119,24 +123,25 @@ class BenchRunCallback(TrainerCallback):
         self._mark = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kw):
+        """The RL-step boundary, in native's order: the step's measurements and typed KL signals, the
+        held-out evaluation, the reset decision (the shared sequence, reading ``KLStats``), and the
+        metrics row built last from them — no decision reads the row."""
         if not logs or "reward" not in logs or state.global_step % self.per:
             return  # TRL's end-of-training summary log, or not an RL-step boundary
         step = state.global_step // self.per
-        row = self.metrics_row(step, logs, time.perf_counter() - self._mark)
-        self.validate_phase(step, row)
+        step_time = time.perf_counter() - self._mark
+        measured = self.measure(step, logs)
+        kl = self.step_kl(step, measured)
+        eval_s = self.validate_phase(step)
         t = time.perf_counter()
-        info = self.resets.rl_step_end(step, kl=None if math.isnan(row["kl/ref"]) else row["kl/ref"])
-        row["time/reset"] = time.perf_counter() - t if info else 0.0
-        row["reset"] = int(info is not None)
+        info = self.resets.rl_step_end(step, kl=kl.ref)  # as native: the typed KL (NaN: none measured)
+        reset_s = time.perf_counter() - t if info else 0.0
         if info is not None:
             reason = info.pop("reason")
             self.out.event(step, "reset", reason, **info)
         # as native, an RL step's time includes its evaluation and its reset
-        row["time/step"] += row["time/eval"] + row["time/reset"]
-        t = row["time/step"]
-        row["time/ref_share"] = row["time/ref_logprob"] / t if t > 0 else 0.0
-        row["throughput/tokens_per_s"], row["throughput/samples_per_s"] = self._done[0] / t, self._done[1] / t
-        row[RSS_KEY] = rss_mb()  # as native (prorl_bench/run/memory.py)
+        row = self.metrics_row(step, logs, measured, kl, step_time + eval_s + reset_s)
+        row |= {"time/eval": eval_s, "time/reset": reset_s, "reset": int(info is not None)}
         self.out.metrics(row)
         self.history.append(row)
         if step == NO_SIGNAL_STEPS:  # as native: a run that never earns reward learns nothing; say so
@@ -149,12 +154,32 @@ class BenchRunCallback(TrainerCallback):
             self.preempted_at = step
         self._mark = time.perf_counter()
 
-    def metrics_row(self, step: int, logs: dict[str, Any], step_time: float) -> dict[str, Any]:
+    def measure(self, step: int, logs: dict[str, Any]) -> dict[str, Any]:
+        """The RL step's measurements (every meter's ``take``), the non-finite guard first."""
+        for bench, key in (("loss/total", "loss"), ("grad_norm", "grad_norm")):
+            v = float(logs.get(key, NAN))
+            if not math.isfinite(v):
+                raise FloatingPointError(f"step {step}: {bench}={v} (guard.nonfinite=fail; TRL's {key})")
         rewards, success, lengths = (gather(x) for x in self.rewards.take())  # every process's share
-        self._done = (sum(lengths), len(lengths))  # completion tokens and samples of this RL step
-        calls, tokens, ref_s = self.ref.take()
-        measured = self.trainer.take_step()  # BenchGRPOTrainer's stage seconds and kl/old
         update_norm, opt_s = self.meter.take()
+        return {"rewards": rewards, "success": success, "lengths": lengths, "ref": self.ref.take(),
+                "trainer": self.trainer.take_step(), "update_norm": update_norm, "opt_s": opt_s}  # fmt: skip
+
+    def step_kl(self, step: int, measured: dict[str, Any]) -> KLStats:
+        """The step's typed KL signals by native's measurement (``kl_measure.reference_kl``) on the
+        log-probs TRL's loss used (``BenchGRPOTrainer``: ``kl_rows``), every process's rows."""
+        taken = measured["trainer"]
+        rows = taken["kl_rows"].gathered(gather).tensors()
+        lo, lr, m = rows if rows is not None else (None, None, None)
+        is_base = (step == 1 or not self.resets.resets) and self.trainer.ref_source != "old"
+        return reference_kl(self.kl, lo, lr, m, self.cfg.algo.loss_agg, taken["kl/old"], is_base)
+
+    def metrics_row(self, step: int, logs: dict[str, Any], measured: dict[str, Any], kl: KLStats,
+                    step_time: float) -> dict[str, Any]:  # fmt: skip
+        """The step's metrics row under the bench's keys, built last from the measurements and signals."""
+        rewards, success, lengths = measured["rewards"], measured["success"], measured["lengths"]
+        calls, tokens, ref_s = measured["ref"]
+        taken = measured["trainer"]  # BenchGRPOTrainer's stage seconds and kl/old
         r = torch.tensor(rewards, dtype=torch.float64)
         row: dict[str, Any] = {
             "step": step,
@@ -165,47 +190,43 @@ class BenchRunCallback(TrainerCallback):
         for key, trl_key in TRL_KEYS.items():
             v = logs.get(trl_key)
             row[key] = float(v) if v is not None else NAN
-        for key in ("loss/total", "grad_norm"):
-            if not math.isfinite(row[key]):
-                raise FloatingPointError(f"step {step}: {key}={row[key]} (guard.nonfinite=fail; TRL's {TRL_KEYS[key]})")
         a = self.cfg.algo
-        if self.trainer.ref_source == "old":  # B: TRL's logged kl is to pi_old; there is no reference
-            row["kl/ref"] = NAN
         # TRL's loss is the policy-gradient term alone when it adds no KL and no entropy term
         pg = row["loss/total"] if a.beta == 0 and a.entropy_coef == 0 else NAN
-        row |= {"loss/pg": pg, "loss/kl": NAN, "kl/old": measured["kl/old"], "kl/ref_k1": NAN,
-                "kl/k2_ref_over_old": NAN, "kl/base": NAN, "kl/beta": a.beta, "update_norm": update_norm,
-                "ds/kept_frac": 1.0, "guard/skipped": 0, "growth": 0}  # fmt: skip
-        if (step == 1 or not self.resets.resets) and self.trainer.ref_source != "old":  # still the base reference
-            row["kl/base"] = row["kl/ref"]
+        row |= {"loss/pg": pg, "loss/kl": NAN, "kl/ref": kl.ref, "kl/old": kl.old, "kl/ref_k1": kl.ref_k1,
+                "kl/k2_ref_over_old": kl.k2_ref_over_old, "kl/base": kl.base, "kl/beta": a.beta,
+                "update_norm": measured["update_norm"], "ds/kept_frac": 1.0, "guard/skipped": 0,
+                "growth": 0}  # fmt: skip
         row |= {f"time/{s}": NAN for s in STAGES}
         ref_s = ref_s if calls else 0.0
         # as native, stages nest exclusively: A0's reference forwards in the loss are ref_logprob's, not update's
-        update_s = opt_s - measured["score"] - measured["ref_in_loss"]
-        row |= {"time/rollout": measured["rollout"], "time/reward": measured["reward"],
-                "time/old_logprob": measured["old_logprob"], "time/ref_logprob": ref_s, "time/update": update_s,
+        update_s = measured["opt_s"] - taken["score"] - taken["ref_in_loss"]
+        row |= {"time/rollout": taken["rollout"], "time/reward": taken["reward"],
+                "time/old_logprob": taken["old_logprob"], "time/ref_logprob": ref_s, "time/update": update_s,
                 "time/eval": 0.0, "time/reset": 0.0, "time/growth": 0.0, "time/step": step_time}  # fmt: skip
         row |= dict.fromkeys(COUNTERS, NAN)
         if self.trainer.ref_model is not None or self.trainer.ref_source == "old" or a.beta == 0:  # none: PEFT
             row |= {"count/ref_fwd": calls, "tokens/ref_fwd": tokens}
-        row |= {"time/ref_share": row["time/ref_logprob"] / step_time if step_time > 0 else 0.0,
+        row |= {"time/ref_share": ref_s / step_time if step_time > 0 else 0.0,
                 "throughput/tokens_per_s": sum(lengths) / step_time,
                 "throughput/samples_per_s": len(lengths) / step_time,
                 "perf/flops": NAN, "perf/flops_per_s": NAN, "perf/mfu": NAN}  # fmt: skip
+        row[RSS_KEY] = rss_mb()  # as native (prorl_bench/run/memory.py)
         return row
 
-    def validate_phase(self, step: int, row: dict[str, Any]) -> None:
+    def validate_phase(self, step: int) -> float:
         """The bench's held-out evaluation every eval_every steps and at the end; regular ones feed the
-        stall trigger (as native: the final one must not, or extending a run would change it)."""
+        stall trigger (as native: the final one must not, or extending a run would change it). Its
+        seconds (0: none at this step)."""
         cfg = self.cfg
         regular = step % cfg.eval_every == 0
         if not (regular or step == cfg.steps):
-            return
+            return 0.0
         t = time.perf_counter()
         v = self.evaluate(step)
-        row["time/eval"] = time.perf_counter() - t
         if regular:
             self.resets.observe_validation(v[cfg.reset.metric.value])
+        return time.perf_counter() - t
 
     def evaluate(self, step: int) -> dict[str, Any]:
         cfg, e = self.cfg, self.cfg.eval

@@ -44,7 +44,14 @@ Measurements (``take_step``: the totals since the last call, one RL step):
 * ``kl/old``: k3 of the policy being updated to pi_old on each minibatch's tokens (the log-probs TRL's
   loss computed: its forward's ``log_probs`` output, captured by a hook, no extra forward), the bench's
   diagnostic mean (``diagnostic_agg(loss_agg)``), averaged over the RL step's optimizer steps —
-  native's definition.
+  native's definition;
+* ``kl_rows``: for the KL to the reference, the signal a reset trigger reads, pi_old's and the
+  reference's log-probs of every sampled token with the completion mask (``KLRows``), taken from the
+  inputs of the RL step's first pass over its generation batch (TRL's ``old_per_token_logps`` — or the
+  loss's own log-probs where TRL computes none, the policy then being pi_old — and
+  ``ref_per_token_logps``): the run turns them into ``KLStats`` with the measurement native uses
+  (``run/kl_measure.reference_kl``, ``rundir.py``), not with TRL's logged ``kl`` (k3 of the policy
+  *being updated*, token-mean).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from trl.trainer.utils import use_adapter
 
 from prorl_bench.config import LossAgg
 from prorl_bench.engines.trl.config_map import REF_SOURCES, REFERENCE_ADAPTER
+from prorl_bench.engines.trl.kl_rows import KLRows
 from prorl_bench.rl.losses import diagnostic_agg
 from prorl_bench.run.kl_measure import mean_kl
 
@@ -105,6 +113,8 @@ class BenchGRPOTrainer(GRPOTrainer):
         self.ref_source = ref_source
         self.diag_agg = diagnostic_agg(loss_agg)
         self.bench_kl_old: list[float] = []
+        self.bench_kl_rows = KLRows()
+        self.bench_loss_calls = 0  # compute_loss calls: which pass over the generation batch this is
         self.bench_window: str | None = None  # "score" (batch preparation) | "loss" | None
         self.bench_window_t0 = 0.0
         self.bench_generated = False  # the policy generated inside the current scoring window
@@ -141,7 +151,7 @@ class BenchGRPOTrainer(GRPOTrainer):
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
             self.bench_window = None
-        self._record_kl_old(inputs)
+        self._record_kl(inputs)
         return loss
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
@@ -226,9 +236,11 @@ class BenchGRPOTrainer(GRPOTrainer):
         layer = next((m for m in peft.modules() if hasattr(m, "disable_adapters") and hasattr(m, "lora_A")), None)
         return bool(layer is not None and layer.disable_adapters)
 
-    def _record_kl_old(self, inputs: dict[str, Any]) -> None:
+    def _record_kl(self, inputs: dict[str, Any]) -> None:
+        """kl/old of this minibatch; on the RL step's first pass over its batch, the rows of ``kl_rows``."""
         logp = self.bench_loss_logps
         self.bench_loss_logps = None
+        self.bench_loss_calls += 1
         if logp is None:
             return
         logp = logp[:, -inputs["completion_ids"].size(1) :]  # TRL keeps the completion's positions
@@ -238,12 +250,20 @@ class BenchGRPOTrainer(GRPOTrainer):
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
         self.bench_kl_old.append(float(mean_kl("k3", logp, old, mask, self.diag_agg)))
+        spg = self.args.steps_per_generation
+        first_pass = (self.bench_loss_calls - 1) % (spg * self.args.num_iterations) < spg
+        ref = inputs.get("ref_per_token_logps")
+        if first_pass and ref is not None and self.ref_source != "old":  # B: the anchor is pi_old, no reference
+            self.bench_kl_rows.add(old, ref, mask)
 
     def take_step(self) -> dict[str, float]:
         """The measurements since the last call (seconds per ``TIMED`` stage; ``kl/old``: the mean over
-        the optimizer steps, NaN if none ran), and start over."""
+        the optimizer steps, NaN if none ran; ``kl_rows``: the log-probs of the KL to the reference),
+        and start over."""
         out = dict(self.bench_seconds)
         out["kl/old"] = sum(self.bench_kl_old) / len(self.bench_kl_old) if self.bench_kl_old else float("nan")
+        out["kl_rows"] = self.bench_kl_rows
         self.bench_seconds = dict.fromkeys(TIMED, 0.0)
         self.bench_kl_old = []
+        self.bench_kl_rows = KLRows()
         return out
