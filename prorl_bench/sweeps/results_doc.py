@@ -69,11 +69,13 @@ def _anchor(title: str) -> str:
 def _blocks_table(s: dict[str, Any]) -> str:
     rows = []
     for block, b in sorted(s["blocks"].items(), key=lambda kv: block_rank(kv[0])):
-        p = b["provenance"]
+        p = b["provenance"]  # a key an older summary lacks is shown as unknown, not a crash
         done = sum(r["status"] == "completed" for r in b["runs"])
-        commits = ", ".join(c[:7] for c in p["commits"]) + (" (dirty)" if p["dirty"] else "")
-        rows.append([block, _seeds(b["seeds"]), f"{done}/{len(b['runs'])}", f"`{p['command']}`", p["started"],
-                     _duration(p["wall_s"]), _duration(p["run_s"]), commits, p["machine"]])  # fmt: skip
+        commits = ", ".join(c[:7] for c in p.get("commits", [])) or "unknown"
+        commits += " (dirty)" if p.get("dirty") else ""
+        rows.append([block, _seeds(b["seeds"]), f"{done}/{len(b['runs'])}", f"`{p.get('command', '')}`",
+                     p.get("started", ""), _duration(p.get("wall_s")), _duration(p.get("run_s")), commits,
+                     p.get("machine", "unknown")])  # fmt: skip
     header = ["block", "seeds", "runs completed", "command", "started", "wall", "run time", "commit", "machine"]
     return markdown_table(header, rows)
 
