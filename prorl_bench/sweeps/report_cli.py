@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -65,6 +66,18 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary(args: argparse.Namespace) -> int:
+    """The compact summary only: the tables it needs are made in a temporary folder, so the sweeps'
+    own aggregate (its figures and HTML report) is left as it is."""
+    with tempfile.TemporaryDirectory() as tmp:
+        res = aggregate(args.sweep_dir, Path(tmp), figures=False, baseline=args.baseline)
+        for w in res.provenance_warnings:
+            print(f"{PROG}: WARNING: {w}", file=sys.stderr)
+        path = write_summary(build_summary(res, args.name), args.summary)
+    print(f"[{PROG}] summary: {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -73,14 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.sweep_dir:
             print(f"{PROG}: give at least one SWEEP_DIR (or --docs)", file=sys.stderr)
             return 2
-        figures = not args.no_figures and args.summary is None
-        res = aggregate(args.sweep_dir, args.out, figures=figures, baseline=args.baseline)
+        if args.summary is not None:
+            return _summary(args)
+        res = aggregate(args.sweep_dir, args.out, figures=not args.no_figures, baseline=args.baseline)
         for w in res.provenance_warnings:
             print(f"{PROG}: WARNING: {w}", file=sys.stderr)
-        if args.summary is not None:
-            path = write_summary(build_summary(res, args.name), args.summary)
-            print(f"[{PROG}] summary: {path}")
-            return 0
     except (SweepDirError, SummaryError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

@@ -112,6 +112,7 @@ def test_the_entry_point_writes_a_summary_and_the_page(blocks, tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads((studies / "toy.json").read_text())["schema"] == "prorl-bench/study-summary/1"
+    assert not any((b / "aggregate").exists() for b in blocks)  # the sweeps' own aggregate is left alone
     (tmp_path / "docs" / "results.md").write_text("stale\n")
     check = subprocess.run([REPORT, "--docs", "--check"], capture_output=True, text=True, cwd=tmp_path)
     assert check.returncode == 1 and "differs" in check.stdout  # a stale page is caught, nothing written
