@@ -237,7 +237,7 @@ def main() -> None:
     from prorl_bench.cli import preflight
 
     provenance.remember_command()  # the launcher's workers record the command the user typed
-    args = sys.argv[1:]
+    args = preflight.rename_moved(sys.argv[1:])  # task.code.timeout_s=3 -> task.timeout_s=3, with a note
     problem = preflight.check(args)
     if problem:
         print(problem, file=sys.stderr)

@@ -246,7 +246,7 @@ def _engine_by_value(arg: str) -> str:
 def _unknown_at(key: str, groups: set[str], root: Any) -> str | None:
     """The dataclass path under which ``key``'s next component is not a field (``""`` for the top
     level), or None when the key exists or is not the schema's to judge (Hydra's own keys, groups,
-    free-form dicts such as ``task.reasoning_gym.generator_args``; an option's parameter, ``reset.every``,
+    free-form dicts such as ``task.generator_args``; an option's parameter, ``reset.every``,
     is checked against the selected option by ``to_config``)."""
     if "/" in key or "@" in key or key.split(".")[0] == "hydra":
         return None
@@ -254,8 +254,8 @@ def _unknown_at(key: str, groups: set[str], root: Any) -> str | None:
     parts = key.split(".")
     for i, part in enumerate(parts):
         names = {f.name for f in dataclasses.fields(obj)} - {PARAMS}
-        if i == 1 and len(parts) == 2:
-            names |= _option_keys(parts[0])  # an option's parameter (reset.every): flat in its section
+        if i == 1:  # an option's parameter (reset.every, task.generator_args.<name>): flat in its section
+            names |= _option_keys(parts[0])
         if part not in names:
             at_top = i == 0 and (part in groups or part in config_module.GRID_KEYS)
             return None if at_top else ".".join(parts[:i])

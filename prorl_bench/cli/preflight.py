@@ -32,6 +32,25 @@ OTHER_CONFIG = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config
 SLURM_TARGET = "SlurmLauncher"  # hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher
 
 
+def rename_moved(args: Sequence[str], prog: str = "prorl-bench") -> list[str]:
+    """``args`` with every key given by an old name (``task.code.timeout_s=3``, ``config/options.py``
+    ``MOVED``) renamed (``task.timeout_s=3``), a note on stderr for each: the old command line still runs."""
+    import sys
+
+    from prorl_bench.config.options import moved_name
+
+    out = []
+    for arg in args:
+        plus = arg[: len(arg) - len(arg.lstrip("+"))]
+        key, eq, value = arg[len(plus) :].partition("=")
+        new = moved_name(key) if eq and not arg.startswith("-") else None
+        if new is not None:
+            print(f"{prog}: {key} is an old name, read as {new} (did you mean {new}={value}?)", file=sys.stderr)
+            arg = f"{plus}{new}={value}"
+        out.append(arg)
+    return out
+
+
 def _flags(args: Sequence[str]) -> set[str]:
     return {a.split("=", 1)[0] for a in args if a.startswith("-")}
 

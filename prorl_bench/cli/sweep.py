@@ -211,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prorl_bench.cli import preflight  # TRL / verl names and typos, SLURM without SLURM: before Hydra
 
     prog = "prorl-bench-sweep"
+    args = preflight.rename_moved(args, prog)  # task.code.timeout_s=3 -> task.timeout_s=3, with a note
     problem = (
         preflight.names_problem(args, prog) or preflight.ray_problem(args, prog) or preflight.slurm_problem(args, prog)
     )

@@ -19,7 +19,7 @@ is the way in:
 * ``enums.py``: the closed value sets (``ModelKind``, ``LossAgg``, ...),
 * ``builtin_options.py``: the built-in options of every registry axis, declared (description,
   parameters with their defaults, config-time facts); their code registers in rl/ and tasks/,
-* ``task.py``: ``task`` (with ``task.reasoning_gym``, ``task.code``),
+* ``task.py``: ``task`` (and the parameters of task=reasoning_gym, code, math_jsonl),
 * ``algo.py``: ``variant``, ``kl_estimator``, ``algo``, ``kl_ctl``,
 * ``model.py``: ``model``, ``adapter``, ``hardware``, ``warmup``,
 * ``events.py``: ``reset``, ``opt_reset``, ``growth``,
@@ -64,7 +64,7 @@ from prorl_bench.config.model import POSITIONS, AdapterConfig, HardwareConfig, M
 from prorl_bench.config.root import GRID_KEYS, MAX_SEED, Config, as_dict, register_configs
 from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
 from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
-from prorl_bench.config.task import CodeTaskConfig, ReasoningGymConfig, TaskConfig
+from prorl_bench.config.task import CodeTaskConfig, MathJsonlConfig, ReasoningGymConfig, TaskConfig
 from prorl_bench.config.validate import complete, to_config
 from prorl_bench.registry import ConfigError
 
@@ -83,6 +83,7 @@ __all__ = [
     "AlgoConfig",
     "CheckpointConfig",
     "CodeTaskConfig",
+    "MathJsonlConfig",
     "DetectorConfig",
     "ENGINES",
     "EngineConfig",

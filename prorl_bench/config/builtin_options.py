@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from prorl_bench.config.enums import K2Mode, KLPlacement
+from prorl_bench.config.task import CodeTaskConfig, MathJsonlConfig, ReasoningGymConfig
 from prorl_bench.registry import (
     ADVANTAGES,
     DETECTORS,
@@ -141,7 +142,7 @@ REFERENCES.declare(
 # --------------------------------------------------------------------------- tasks (task.name)
 # code: tasks/. lengths(task_cfg) -> (longest prompt, completion budget) in tokens of the character-level
 # policy (BOS and EOS included): the context check of model=native reads it, the task is built with it.
-# needs_hf: prompts go through a chat template; reads_path: the task reads task.path / task.val_path.
+# needs_hf: prompts go through a chat template. params: the task's own keys (flat in the task section).
 
 Lengths = Callable[[Any], tuple[int, int]]
 
@@ -173,7 +174,7 @@ def _hack_lengths(task: Any) -> tuple[int, int]:
 
 
 def _reasoning_gym_lengths(task: Any) -> tuple[int, int]:
-    rg = task.reasoning_gym  # a chat prompt adds its instruction and template (tasks/reasoning_gym_task.py)
+    rg = task.params  # a chat prompt adds its instruction and template (tasks/reasoning_gym_task.py)
     return 1 + rg.max_prompt_chars, rg.max_completion_tokens or rg.max_answer_chars + 1
 
 
@@ -196,16 +197,19 @@ TASKS.declare(
 )
 TASKS.declare(
     "reasoning_gym",
-    "Problems from reasoning-gym generators (task.reasoning_gym.generators), scored by the package itself.",
+    "Problems from reasoning-gym generators (task.generators), scored by the package itself.",
     lengths=_reasoning_gym_lengths,
+    params=ReasoningGymConfig,
 )
 TASKS.declare(
     "math_jsonl",
     "Your own math problems from a JSONL file (task.path), with answers in <answer> tags.",
-    reads_path=True,
     needs_hf=True,
+    params=MathJsonlConfig,
 )
-TASKS.declare("code", "Python functions the policy writes, run against unit tests in the sandbox.")
+TASKS.declare(
+    "code", "Python functions the policy writes, run against unit tests in the sandbox.", params=CodeTaskConfig
+)
 
 # --------------------------------------------------------------------------- reset triggers (reset.trigger)
 # code: rl/resets.py. period(reset_cfg): steps between resets when the trigger fires on a clock whatever

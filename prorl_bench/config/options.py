@@ -12,6 +12,7 @@ therefore carries only the selected option's keys, and a run binds each option o
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
@@ -21,6 +22,23 @@ from prorl_bench.registry import AXES, ConfigError, Registry
 UNSET = "???"  # a parameter key with no value (OmegaConf's MISSING): the selected option's default applies
 PARAMS = "params"  # the section field holding the option's parameters (never typed on the command line)
 SECTIONS: dict[str, Registry] = {reg.section: reg for reg in AXES}  # section -> its registry
+
+# Keys that moved (old prefix -> new prefix). The old name keeps working: a command line is rewritten
+# with a note (``cli/preflight.py`` ``rename_moved``), a config file's nested section is read as the
+# selected option's flat keys (``split_section``), and ``--help`` lists the new names only.
+MOVED = {"task.code.": "task.", "task.reasoning_gym.": "task."}
+
+
+class MovedKeyWarning(UserWarning):
+    """A config file used a key's old name (``task: {code: {timeout_s: 3}}``); it was read as the new one."""
+
+
+def moved_name(key: str) -> str | None:
+    """The current name of a key given by its old name (``task.code.timeout_s`` -> ``task.timeout_s``), or None."""
+    for old, new in MOVED.items():
+        if key.startswith(old) and len(key) > len(old):
+            return new + key[len(old) :]
+    return None
 
 
 def bind_params(reg: Registry, name: str, params: Any) -> Any:
@@ -46,6 +64,7 @@ def split_section(node: Mapping[str, Any], section: str, section_cls: type) -> d
     out: dict[str, Any] = {}
     params: dict[str, Any] = {}
     own = common_keys(section_cls)
+    node = _flatten_moved(node, section)
     for key, value in node.items():
         if key == PARAMS:
             if value:  # {} or None: nothing given
@@ -59,6 +78,26 @@ def split_section(node: Mapping[str, Any], section: str, section_cls: type) -> d
             continue  # a parameter nobody set (Hydra's base carries the key): the option's default applies
         (out if key in own else params)[key] = value
     out[PARAMS] = params
+    return out
+
+
+def _flatten_moved(node: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """``node`` with a nested section of an old name (``code: {timeout_s: 3}`` in ``task``) read as flat
+    keys when it belongs to the selected option (``task.name=code``), and dropped otherwise: another
+    option's section never reached a run before either."""
+    out = dict(node)
+    reg = SECTIONS.get(section)
+    for old in MOVED:
+        head, _, rest = old.rstrip(".").partition(".")
+        if head != section or rest not in out or not isinstance(out[rest], Mapping):
+            continue
+        nested = out.pop(rest)
+        if reg is not None and out.get(reg.selector) == rest:
+            keys = ", ".join(f"{MOVED[old]}{k}" for k in nested)
+            warnings.warn(
+                f"{section}.{rest}.* is an old name: read as {MOVED[old]}* ({keys})", MovedKeyWarning, stacklevel=3
+            )
+            out.update(nested)  # over the option's YAML defaults (task/code.yaml sets the flat keys)
     return out
 
 

@@ -119,8 +119,8 @@ def _check_task_and_model(cfg: Config) -> None:
     native model's context holds the longest prompt and completion (with ``positions=answer``, twice)."""
     if cfg.task.name == "reasoning_gym":
         _require(
-            cfg.task.reasoning_gym.prompt_style != PromptStyle.chat or cfg.model.kind != ModelKind.native,
-            "task.reasoning_gym.prompt_style",
+            cfg.task.params.prompt_style != PromptStyle.chat or cfg.model.kind != ModelKind.native,
+            "task.prompt_style",
             "chat",
             "compact or question with the native character-level policy (chat templates are an HF "
             "tokenizer's: use model=hf_causal_lm)",

@@ -1,10 +1,16 @@
-"""``task``: the verifiable task, with the ``reasoning_gym`` and ``code`` sub-sections."""
+"""``task``: the verifiable task. Keys every task reads are ``TaskConfig``'s; a task's own parameters are
+its registered dataclass (``ReasoningGymConfig``, ``CodeTaskConfig``, ``MathJsonlConfig``), flat keys of the
+section (``task.generators``, ``task.timeout_s``, ``task.path``) recorded only when that task is selected.
+The nested names of earlier versions (``task.code.timeout_s``, ``task.reasoning_gym.generators``) are
+aliases (``config/aliases.py`` ``MOVED``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from omegaconf import MISSING
 
 from prorl_bench import registry
 from prorl_bench.config.chat_template import resolve_chat_template
@@ -39,17 +45,17 @@ class ReasoningGymConfig:
         if self.max_completion_tokens is not None:
             _require(
                 self.max_completion_tokens >= 2,
-                "task.reasoning_gym.max_completion_tokens",
+                "task.max_completion_tokens",
                 self.max_completion_tokens,
                 ">= 2 (or null: max_answer_chars + 1)",
             )
-        _require(len(self.generators) >= 1, "task.reasoning_gym.generators", self.generators, "a non-empty list")
+        _require(len(self.generators) >= 1, "task.generators", self.generators, "a non-empty list")
         unknown = set(self.generator_args) - set(self.generators)
-        _require(not unknown, "task.reasoning_gym.generator_args", sorted(unknown), f"keys among {self.generators}")
-        _require(self.max_prompt_chars >= 4, "task.reasoning_gym.max_prompt_chars", self.max_prompt_chars, ">= 4")
-        _require(self.max_answer_chars >= 1, "task.reasoning_gym.max_answer_chars", self.max_answer_chars, ">= 1")
-        _require(self.train_seed != self.val_seed, "task.reasoning_gym.val_seed", self.val_seed, "!= train_seed")
-        _require(self.dataset_size >= 1, "task.reasoning_gym.dataset_size", self.dataset_size, ">= 1")
+        _require(not unknown, "task.generator_args", sorted(unknown), f"keys among {self.generators}")
+        _require(self.max_prompt_chars >= 4, "task.max_prompt_chars", self.max_prompt_chars, ">= 4")
+        _require(self.max_answer_chars >= 1, "task.max_answer_chars", self.max_answer_chars, ">= 1")
+        _require(self.train_seed != self.val_seed, "task.val_seed", self.val_seed, "!= train_seed")
+        _require(self.dataset_size >= 1, "task.dataset_size", self.dataset_size, ">= 1")
 
 
 @dataclass
@@ -71,24 +77,33 @@ class CodeTaskConfig:
     allow_weak_isolation: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.prompt_style != PromptStyle.compact, "task.code.prompt_style", "compact", "chat or question")
-        _require(self.max_completion_tokens >= 8, "task.code.max_completion_tokens", self.max_completion_tokens, ">= 8")
-        _require(0 < self.timeout_s <= 600, "task.code.timeout_s", self.timeout_s, "in (0, 600]")
-        _require(self.memory_mb >= 32, "task.code.memory_mb", self.memory_mb, ">= 32")
-        _require(self.workers >= 1, "task.code.workers", self.workers, ">= 1")
-        _require(0 <= self.max_scorer_error_rate <= 1, "task.code.max_scorer_error_rate", self.max_scorer_error_rate,
+        _require(self.prompt_style != PromptStyle.compact, "task.prompt_style", "compact", "chat or question")
+        _require(self.max_completion_tokens >= 8, "task.max_completion_tokens", self.max_completion_tokens, ">= 8")
+        _require(0 < self.timeout_s <= 600, "task.timeout_s", self.timeout_s, "in (0, 600]")
+        _require(self.memory_mb >= 32, "task.memory_mb", self.memory_mb, ">= 32")
+        _require(self.workers >= 1, "task.workers", self.workers, ">= 1")
+        _require(0 <= self.max_scorer_error_rate <= 1, "task.max_scorer_error_rate", self.max_scorer_error_rate,
                  "in [0, 1]")  # fmt: skip
         for key in ("path", "val_path"):
             value = getattr(self, key)
-            _require(value is None or Path(value).expanduser().is_file(), f"task.code.{key}", value,
+            _require(value is None or Path(value).expanduser().is_file(), f"task.{key}", value,
                      "null (the shipped problems) or an existing JSONL file")  # fmt: skip
+
+
+@dataclass
+class MathJsonlConfig:
+    """``task=math_jsonl``: your problems, a JSONL file of {"question": ..., "answer": ...} (docs/own_data.md)."""
+
+    path: str | None = MISSING  # required: training problems (JSONL); no default (task/math_jsonl.yaml: null, refused)
+    val_path: str | None = None  # held-out problems (JSONL); null = task.val_fraction of path, by a hash of the text
 
 
 @dataclass
 class TaskConfig:
     """A verifiable sequence task. Lengths count input symbols (digits or bits).
 
-    ``min_len``/``max_len`` apply to the built-in tasks; ``reasoning_gym`` configures ``name=reasoning_gym``.
+    ``min_len``/``max_len`` apply to the built-in symbol tasks; a task's own parameters (``params``) are flat
+    keys of this section, declared by the dataclass it registers (config/builtin_options.py).
     """
 
     # schema default (Python API); a composed run takes its regime's task (conf/regime/v2.yaml: sort_digits)
@@ -99,25 +114,16 @@ class TaskConfig:
     reward: RewardKind = RewardKind.exact
     val_size: int = 128  # held-out problems used for validation
     val_fraction: float = 0.1  # share of the problem space reserved for validation
-    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
-    code: CodeTaskConfig = field(default_factory=CodeTaskConfig)  # task=code only
-    # task=math_jsonl: your problems, a JSONL file of {"question": ..., "answer": ...} (docs/own_data.md)
-    path: str | None = None
-    val_path: str | None = None  # task=math_jsonl: held-out problems (JSONL); null = val_fraction of path, by hash
     # chat prompts of HF tasks (gsm, math_jsonl, code, reasoning_gym chat): a Jinja chat template, or a
     # file holding one, instead of the tokenizer's own; null = the tokenizer's
     chat_template: str | None = None
-    params: Any = None  # the task's parameters (its dataclass instance; flat keys task.<name>)
+    params: Any = None  # the task's parameters (its dataclass instance; flat keys task.<key>)
 
     def __post_init__(self) -> None:
         self.params = bind_params(registry.TASKS, self.name, self.params)
         check = registry.TASKS.meta(self.name).get("check_config")
         if check is not None:  # the task checks the keys it owns (task.path for math_jsonl)
             check(self)
-        for key in ("path", "val_path"):
-            _require(getattr(self, key) is None or registry.TASKS.meta(self.name).get("reads_path", False),
-                     f"task.{key}", getattr(self, key), f"null with task={self.name} (read by task=math_jsonl; "
-                     "task=code has task.code.path)")  # fmt: skip
         if self.chat_template is not None:
             resolve_chat_template(self.chat_template)  # a file that exists, or template text
         _require(self.min_len >= 1, "task.min_len", self.min_len, "an integer >= 1")

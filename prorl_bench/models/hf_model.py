@@ -54,7 +54,7 @@ class HFTokenizer:
     """
 
     def __init__(
-        self, hf_tok: Any, chat: bool = False, chat_key: str = "task.reasoning_gym.prompt_style=chat",
+        self, hf_tok: Any, chat: bool = False, chat_key: str = "task.prompt_style=chat",
         chat_template: str | None = None, plain: str = "prompt_style=question|compact",
     ) -> None:  # fmt: skip
         """``chat``: prompts go through the chat template — ``chat_template`` (``task.chat_template``,

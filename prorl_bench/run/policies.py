@@ -37,11 +37,11 @@ def chat_setting(cfg: Config) -> tuple[bool, str, str]:
     a missing template is blamed on the key that asked for it."""
     t = cfg.task
     if t.name == "code":
-        return t.code.prompt_style == PromptStyle.chat, "task.code.prompt_style=chat", "task.code.prompt_style=question"
+        return t.params.prompt_style == PromptStyle.chat, "task.prompt_style=chat", "task.prompt_style=question"
     if t.name == "math_jsonl":
         return True, "task=math_jsonl", "a model whose tokenizer has one"
-    rg = t.name == "reasoning_gym" and t.reasoning_gym.prompt_style == PromptStyle.chat
-    return rg, "task.reasoning_gym.prompt_style=chat", "task.reasoning_gym.prompt_style=question|compact"
+    rg = t.name == "reasoning_gym" and t.params.prompt_style == PromptStyle.chat
+    return rg, "task.prompt_style=chat", "task.prompt_style=question|compact"
 
 
 def warmup_enabled(cfg: Config) -> bool:

@@ -19,7 +19,7 @@ expected values never enter the sandbox: this process compares each result as it
 (``code_compare.py``: strict types, a tolerance only for float expectations, total) and drops it. Printing
 "passed", forging result lines or exiting early earns nothing (tests/tasks/test_sandbox_hostile.py). The isolation
 in force is printed when the task is built; below ``full`` with every layer (cgroup, seccomp) the task
-refuses to run unless ``task.code.allow_weak_isolation=true``.
+refuses to run unless ``task.allow_weak_isolation=true``.
 
 Reward: fraction of tests passed (``task.reward=partial``) or 1 only if all pass (``exact``);
 success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``), logged per step as
@@ -27,7 +27,7 @@ success = all pass. Each sample gets exactly one failure class (``FAIL_CLASSES``
 never raises for one sample's program: a failure of the scorer itself on a sample is that sample's
 ``scorer_error``. It raises ``SandboxBroken`` (the run stops, resumable from its last checkpoint) when the
 sandbox cannot be set up (scratch directory, cgroup, uid counter, seccomp filter: the message names it) or
-when more than ``task.code.max_scorer_error_rate`` of the batch is ``scorer_error``.
+when more than ``task.max_scorer_error_rate`` of the batch is ``scorer_error``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prorl_bench.config import PromptStyle, TaskConfig
+from prorl_bench.config import CodeTaskConfig, PromptStyle, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError
 from prorl_bench.tasks.base import Problem, jsonl_objects
 from prorl_bench.tasks.code_compare import Expected, canonical
@@ -159,7 +159,7 @@ class CodeTask:
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
-        self.c = cfg.code
+        self.c = cfg.params  # CodeTaskConfig: the task's own keys (task.timeout_s, task.workers, ...)
         self.name = cfg.name
         self.chat = self.c.prompt_style == PromptStyle.chat
         train_path = Path(self.c.path) if self.c.path else DATA_DIR / "train.jsonl"
@@ -169,7 +169,7 @@ class CodeTask:
         overlap = {p.id for p in self._train} & {p.id for p in self._val_all}
         if overlap:
             ids = sorted(overlap)
-            raise ConfigError(f"invalid config value task.code.val_path: problem ids also in training: {ids}")
+            raise ConfigError(f"invalid config value task.val_path: problem ids also in training: {ids}")
         self._val_ids = {p.id for p in self._val_all}
         self.limits = SandboxLimits(wall_s=self.c.timeout_s, cpu_s=max(1, math.ceil(self.c.timeout_s)),
                                     memory_bytes=self.c.memory_mb * 2**20)  # fmt: skip
@@ -260,12 +260,12 @@ def check_scorer_errors(fails: Sequence[str], max_rate: float) -> None:
     if fails and n / len(fails) > max_rate:
         raise SandboxBroken(f"task=code: {n} of {len(fails)} samples of this batch were scorer_error (the scorer "
                             f"failed, not the program: see the errors above), more than "
-                            f"task.code.max_scorer_error_rate={max_rate}; the run stops")  # fmt: skip
+                            f"task.max_scorer_error_rate={max_rate}; the run stops")  # fmt: skip
 
 
 @TASKS.register("code")
-def _code(cfg: TaskConfig) -> CodeTask:
-    return CodeTask(cfg)
+def _code(cfg: TaskConfig, params: CodeTaskConfig) -> CodeTask:
+    return CodeTask(cfg)  # params is cfg.params, bound when the config was validated
 
 
 def describe_isolation() -> str:
@@ -286,8 +286,8 @@ def check_isolation(allow_weak: bool) -> Isolation:
     msg = (f"task=code sandbox isolation here is {where} ({iso.reason or 'namespaces: ok'}{lacks}); a program "
            f"could reach {iso.exposed()}")  # fmt: skip
     if not allow_weak:
-        raise ConfigError(f"invalid config value task.code.allow_weak_isolation=false: {msg}. Run as root with "
+        raise ConfigError(f"invalid config value task.allow_weak_isolation=false: {msg}. Run as root with "
                           "util-linux unshare, a cgroup hierarchy with the memory, pids and cpu controllers and "
-                          "libseccomp, or accept this with task.code.allow_weak_isolation=true")  # fmt: skip
-    print(f"[prorl-bench] WARNING: {msg} (accepted: task.code.allow_weak_isolation=true)", file=sys.stderr)
+                          "libseccomp, or accept this with task.allow_weak_isolation=true")  # fmt: skip
+    print(f"[prorl-bench] WARNING: {msg} (accepted: task.allow_weak_isolation=true)", file=sys.stderr)
     return iso

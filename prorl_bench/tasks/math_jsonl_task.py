@@ -31,7 +31,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from prorl_bench.config import RewardKind, TaskConfig
+from prorl_bench.config import MathJsonlConfig, RewardKind, TaskConfig
 from prorl_bench.registry import TASKS, ConfigError
 from prorl_bench.tasks.answers import (
     CHAT_INSTRUCTION,
@@ -110,23 +110,24 @@ def _held_out(question: str, fraction: float) -> bool:
 
 def split(cfg: TaskConfig) -> tuple[list[MathProblem], list[MathProblem]]:
     """(training problems, held-out problems) of ``cfg`` (see the module docstring); both non-empty."""
-    if cfg.path is None:
+    files = cfg.params  # MathJsonlConfig: task.path, task.val_path
+    if files.path is None:
         raise ConfigError("invalid config value task.path=None: task=math_jsonl reads your problems from a JSONL file")
-    rows = load_problems(cfg.path)
-    if cfg.val_path is not None:
-        train, val = rows, load_problems(cfg.val_path)
+    rows = load_problems(files.path)
+    if files.val_path is not None:
+        train, val = rows, load_problems(files.val_path)
         both = sorted({p.question for p in train} & {p.question for p in val})
         if both:
-            raise ConfigError(f"invalid config value task.val_path={cfg.val_path!r}: questions also in task.path: "
+            raise ConfigError(f"invalid config value task.val_path={files.val_path!r}: questions also in task.path: "
                               f"{both[:3]}{' ...' if len(both) > 3 else ''}")  # fmt: skip
     else:
         train = [p for p in rows if not _held_out(p.question, cfg.val_fraction)]
         val = [p for p in rows if _held_out(p.question, cfg.val_fraction)]
-    where = "task.val_path" if cfg.val_path is not None else f"task.val_fraction={cfg.val_fraction} of task.path"
+    where = "task.val_path" if files.val_path is not None else f"task.val_fraction={cfg.val_fraction} of task.path"
     if not val:
         raise ConfigError(f"task=math_jsonl: no held-out problems ({where}); add problems or raise task.val_fraction")
     if not train:
-        raise ConfigError(f"task=math_jsonl: no training problems in task.path={cfg.path!r} after the held-out split")
+        raise ConfigError(f"task=math_jsonl: no training problems in task.path={files.path!r} after the held-out split")
     return train, val
 
 
@@ -135,7 +136,7 @@ def check_config(cfg: TaskConfig) -> None:
     if cfg.reward != RewardKind.exact:
         raise ConfigError(f"invalid config value task.reward={cfg.reward.value}: allowed exact with task=math_jsonl")
     for key in ("path", "val_path"):
-        value = getattr(cfg, key)
+        value = getattr(cfg.params, key)
         if (value is not None or key == "path") and not (value and Path(value).expanduser().is_file()):
             raise ConfigError(
                 f"invalid config value task.{key}={value!r}: allowed an existing JSONL file of "
@@ -150,7 +151,7 @@ class MathJsonlTask:
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
-        self._train, val = split(cfg)
+        self._train, val = split(cfg)  # reads cfg.params (MathJsonlConfig)
         self._val = val[: cfg.val_size]
         self._val_questions = {p.question for p in val}
         longest = max(len(p.prompt) for p in self._train + val)  # characters bound tokens (+ BOS)
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(EXAMPLE)
         return 0
     try:  # TaskConfig's own check reads the files (config time, as a run does)
-        cfg = TaskConfig(name="math_jsonl", path=args.path, val_path=args.val_path, val_fraction=args.val_fraction)
+        files = MathJsonlConfig(path=args.path, val_path=args.val_path)
+        cfg = TaskConfig(name="math_jsonl", val_fraction=args.val_fraction, params=files)
         train, val = split(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -210,8 +212,8 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-# your own problems: owns task.path / task.val_path (declared reads_path, needs_hf: config/builtin_options.py);
+# your own problems: owns task.path / task.val_path (its params, MathJsonlConfig: config/builtin_options.py);
 # check_config reads the files when the config is validated
 @TASKS.register("math_jsonl", check_config=check_config)
-def _math_jsonl(cfg: TaskConfig) -> MathJsonlTask:
-    return MathJsonlTask(cfg)
+def _math_jsonl(cfg: TaskConfig, params: MathJsonlConfig) -> MathJsonlTask:
+    return MathJsonlTask(cfg)  # params is cfg.params, bound when the config was validated

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prorl_bench.config import ConfigError, PromptStyle, TaskConfig
+from prorl_bench.config import ConfigError, PromptStyle, ReasoningGymConfig, TaskConfig
 from prorl_bench.extras import require_extra
 from prorl_bench.registry import TASKS, config_check
 from prorl_bench.tasks.answers import (  # noqa: F401  (CHAT_*, extract_answer: re-exported, the task=gsm names)
@@ -77,7 +77,7 @@ COMPACT: dict[str, Callable[[dict[str, Any]], str]] = {
 
 _PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
 
-# Arguments a generator gets unless task.reasoning_gym.generator_args names it: sizes whose compact
+# Arguments a generator gets unless task.generator_args names it: sizes whose compact
 # prompts and answers fit the character-level policy. Kept here, not in the YAML, so that choosing
 # other generators never trips over arguments the user did not write.
 GENERATOR_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -98,26 +98,24 @@ def check_generators(names: list[str]) -> None:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}?" if close else f"allowed: {', '.join(known)}"
-            raise ConfigError(
-                f"invalid config value task.reasoning_gym.generators={name!r}: not a reasoning-gym dataset; {hint}"
-            )
+            raise ConfigError(f"invalid config value task.generators={name!r}: not a reasoning-gym dataset; {hint}")
 
 
 @config_check
 def check_reasoning_gym_generators(cfg: Any) -> None:
-    """At config time, before anything is written: every ``task.reasoning_gym.generators`` name is a dataset
+    """At config time, before anything is written: every ``task.generators`` name is a dataset
     of the installed reasoning-gym (registered with the task's code; the CLI loads it before validating)."""
     if cfg.task.name == "reasoning_gym":
-        check_generators(cfg.task.reasoning_gym.generators)
+        check_generators(cfg.task.params.generators)
 
 
 @TASKS.register("reasoning_gym")
 class ReasoningGymTask:
     """The Task interface (sample_train, val_set, score, max_*_len) over reasoning-gym generators."""
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: TaskConfig, params: ReasoningGymConfig | None = None) -> None:
         self.cfg = cfg
-        self.rg_cfg = cfg.reasoning_gym
+        self.rg_cfg = params if params is not None else cfg.params  # ReasoningGymConfig: task.generators, ...
         self.name = "reasoning_gym:" + "+".join(self.rg_cfg.generators)
         check_generators(self.rg_cfg.generators)
         self.chat = self.rg_cfg.prompt_style == PromptStyle.chat
@@ -139,7 +137,7 @@ class ReasoningGymTask:
             return rg.create_dataset(name, seed=seed, size=size, **kwargs)
         except Exception as e:
             # blame what the user set: the arguments they gave this generator, else its name
-            key = f"task.reasoning_gym.generator_args.{name}" if given else "task.reasoning_gym.generators"
+            key = f"task.generator_args.{name}" if given else "task.generators"
             value = given if given else name
             why = f"reasoning-gym says {type(e).__name__}: {e}"
             raise ConfigError(f"invalid config value {key}={value!r}: {why}") from e
@@ -204,7 +202,7 @@ class ReasoningGymTask:
             if tries > 1000 * n:
                 raise ConfigError(
                     f"task {self.name}: training draws keep breaking the limits or hitting validation "
-                    "prompts; raise task.reasoning_gym.max_prompt_chars / max_answer_chars"
+                    "prompts; raise task.max_prompt_chars / max_answer_chars"
                 )
             g = self.rg_cfg.generators[rng.randrange(len(self.rg_cfg.generators))]
             p = self._problem(g, self._train[g][rng.randrange(self.rg_cfg.dataset_size)])

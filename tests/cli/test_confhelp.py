@@ -107,7 +107,7 @@ def test_valid_command_lines_pass_untouched(tiny_hf_dir):
     args = [
         "variant=C", "reset=periodic", "reset.every=10", "+sweep=ablation_small", "+arm=A1,B", "+kl_setup=k3_loss",
         "experiment=prorl_v2", "hydra/launcher=joblib", "hydra.run.dir=/tmp/x", "hydra.launcher.n_jobs=2",
-        "task.reasoning_gym.generator_args.spell_backward.min_word_len=3", "detector.regex=7",
+        "task.generator_args.spell_backward.min_word_len=3", "detector.regex=7",
         "adapter.targets=[q_proj,v_proj]", "adapter.targets=[qkv]", "~tracking", "seed=0,1,2", "algo.lr=1e-3",
         f"model.path={tiny_hf_dir}", "task.chat_template=x.jinja", "task.path=p.jsonl", "run_dir=/tmp/r", "-m",
     ]  # fmt: skip

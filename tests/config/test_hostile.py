@@ -110,7 +110,7 @@ def test_any_config_runs_or_fails_cleanly(tmp_path_factory, base_cache, override
 def _task_and_problem(name):
     from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
-    own = {"path": str(EXAMPLE)} if TASKS.meta(name).get("reads_path") else {}  # task=math_jsonl: a file
+    own = {"params": {"path": str(EXAMPLE)}} if name == "math_jsonl" else {}  # task=math_jsonl: a file
     task = make_task(TaskConfig(name=name, min_len=2, max_len=4, **own))
     return task, task.val_set()[0]
 

@@ -34,7 +34,16 @@ from tests.conftest import compose_cfg
 from tests.e2e.test_plugins import ALL, NAMES, _write_plugin, plugin  # noqa: F401  (the docs' five modules)
 
 EXE = str(Path(sys.executable).with_name("prorl-bench"))
-REQUIRED = {("detector.name", "pattern"): {"regex": "7$"}}  # a parameter without a default: the one value given
+
+
+def _example() -> str:
+    from prorl_bench.tasks.math_jsonl_task import EXAMPLE
+
+    return str(EXAMPLE)
+
+
+# a parameter without a default: the one value given
+REQUIRED = {("detector.name", "pattern"): {"regex": "7$"}, ("task.name", "math_jsonl"): {"path": _example()}}
 
 
 def _select(reg: registry.Registry, name: str, hf_dir: Path, by_group: bool) -> list[str]:
@@ -52,10 +61,6 @@ def _select(reg: registry.Registry, name: str, hf_dir: Path, by_group: bool) -> 
         extra = ["model=hf_causal_lm", f"model.path={hf_dir}", "algo.adv_eps=1e-4"]
     if reg is registry.TASKS and (registry.TASKS.meta(name).get("needs_hf") or name == "code"):
         extra = ["model=hf_causal_lm", f"model.path={hf_dir}"]
-        if registry.TASKS.meta(name).get("reads_path"):
-            from prorl_bench.tasks.math_jsonl_task import EXAMPLE
-
-            extra.append(f"task.path={EXAMPLE}")
     required = [f"++{reg.section}.{k}={v}" for k, v in REQUIRED.get((reg.key, name), {}).items()]
     return [pick, *extra, *required]
 

@@ -18,7 +18,7 @@ WEAK = isolation_level() != "full" or bool(isolation().missing)  # e.g. no root:
 
 def _task(reward: RewardKind = RewardKind.partial, **code) -> CodeTask:
     code = {"timeout_s": 3.0, "workers": 4, "allow_weak_isolation": WEAK, **code}
-    return CodeTask(TaskConfig(name="code", reward=reward, val_size=12, code=CodeTaskConfig(**code)))
+    return CodeTask(TaskConfig(name="code", reward=reward, val_size=12, params=CodeTaskConfig(**code)))
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_own_problem_files_and_config_errors(tmp_path):
     train.write_text(json.dumps(row) + "\n")
     with pytest.raises(ConfigError, match="ids also in training"):
         _task(path=str(train), val_path=str(train))
-    with pytest.raises(ConfigError, match="task.code.path"):
+    with pytest.raises(ConfigError, match="task.path"):
         CodeTaskConfig(path=str(tmp_path / "missing.jsonl"))
     with pytest.raises(ConfigError, match="task=code needs model=hf_causal_lm"):
         make_config(["task=code", "model=tiny"])
@@ -151,8 +151,8 @@ def test_end_to_end_rl_on_a_tiny_hf_model(tmp_path):
     model = build_tiny_llama(tmp_path / "m", hidden_size=32, n_layers=2, n_heads=4, max_position_embeddings=512)
     cfg = make_config(
         [
-            "task=code", "model=hf_causal_lm", f"model.path={model}", "task.code.prompt_style=question",
-            "task.code.max_completion_tokens=32", "task.val_size=4", "task.code.workers=4",
+            "task=code", "model=hf_causal_lm", f"model.path={model}", "task.prompt_style=question",
+            "task.max_completion_tokens=32", "task.val_size=4", "task.workers=4",
             "algo.prompts_per_step=2", "algo.group_size=4", "steps=2", "eval_every=2",
             "eval.n_samples=2", "eval.ks=[1,2]", "eval.n_sample_prompts=2",
         ]
@@ -175,7 +175,7 @@ def test_weak_isolation_is_refused_unless_accepted(monkeypatch, capsys):
 
     weak = Isolation("netns+pidns", "full: needs root (mount namespaces and a private root)")
     monkeypatch.setattr(code_task, "isolation", lambda: weak)
-    with pytest.raises(ConfigError, match=r"task.code.allow_weak_isolation.*'netns\+pidns'.*needs root.*problem files"):
+    with pytest.raises(ConfigError, match=r"task.allow_weak_isolation.*'netns\+pidns'.*needs root.*problem files"):
         _task(allow_weak_isolation=False)
     t = _task(allow_weak_isolation=True)
     assert t.isolation == weak
@@ -207,8 +207,10 @@ def test_a_missing_layer_is_named_and_refused_unless_accepted(monkeypatch, capsy
     assert "WARNING" in err and missing in err
 
 
-def test_taskconfig_default_keeps_other_tasks_untouched():
-    assert TaskConfig().code.path is None  # the field exists for every task; only task=code reads it
+def test_code_keys_belong_to_task_code_only():
+    """task=code's keys are its parameters: another task has none of them, and code's are bound."""
+    assert TaskConfig().params is None and not hasattr(TaskConfig(), "code")
+    assert TaskConfig(name="code").params == CodeTaskConfig()
 
 
 def test_layers_report_what_the_machine_lacks(monkeypatch):

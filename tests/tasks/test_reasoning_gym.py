@@ -35,7 +35,7 @@ ARGS = {
 
 def _task_cfg(gens=GENS, **kw) -> TaskConfig:
     rg = ReasoningGymConfig(generators=list(gens), generator_args={g: ARGS[g] for g in gens}, max_answer_chars=24, **kw)
-    return TaskConfig(name="reasoning_gym", val_size=32, reasoning_gym=rg)
+    return TaskConfig(name="reasoning_gym", val_size=32, params=rg)
 
 
 def test_generators_split_and_verifier():
@@ -95,7 +95,7 @@ def test_bad_generator_args_fail_clearly():
     task = make_task(
         TaskConfig(
             name="reasoning_gym",
-            reasoning_gym=ReasoningGymConfig(
+            params=ReasoningGymConfig(
                 generators=["spell_backward"], generator_args={"spell_backward": {"no_such_arg": 1}}
             ),
         )
@@ -130,7 +130,7 @@ def test_end_to_end_hf_tokenizer(tiny_hf_dir, tmp_path):
 
 def test_choosing_another_generator_does_not_trip_over_the_default_arguments():
     """The shipped YAML's per-generator defaults must not blame a key the user never set."""
-    cfg = make_config(["task=reasoning_gym", "task.reasoning_gym.generators=[basic_arithmetic]"])
+    cfg = make_config(["task=reasoning_gym", "task.generators=[basic_arithmetic]"])
     task = make_task(cfg.task)
     assert len(task.val_set()) == cfg.task.val_size
 
@@ -139,19 +139,19 @@ def test_a_bad_generator_argument_names_the_key_the_user_set():
     cfg = make_config(
         [
             "task=reasoning_gym",
-            "task.reasoning_gym.generators=[basic_arithmetic]",
-            "+task.reasoning_gym.generator_args.basic_arithmetic={min_terms: 9, max_terms: 1}",
+            "task.generators=[basic_arithmetic]",
+            "+task.generator_args.basic_arithmetic={min_terms: 9, max_terms: 1}",
         ]
     )
-    with pytest.raises(ConfigError, match=r"task.reasoning_gym.generator_args.basic_arithmetic=.*max_terms"):
+    with pytest.raises(ConfigError, match=r"task.generator_args.basic_arithmetic=.*max_terms"):
         make_task(cfg.task).val_set()
 
 
 def test_a_misspelled_generator_gets_the_closest_names():
-    cfg = TaskConfig(name="reasoning_gym", reasoning_gym=ReasoningGymConfig(generators=["number_sortng"]))
+    cfg = TaskConfig(name="reasoning_gym", params=ReasoningGymConfig(generators=["number_sortng"]))
     with pytest.raises(ConfigError, match=r"generators=.number_sortng.: .*did you mean number_sorting or"):
         make_task(cfg)  # before any dataset is built (and before a run directory exists, for the native policy)
     with pytest.raises(ConfigError, match=r"generators='number_sortng'"):
-        make_config(["task=reasoning_gym", "task.reasoning_gym.generators=[number_sortng]"])
+        make_config(["task=reasoning_gym", "task.generators=[number_sortng]"])
     with pytest.raises(ConfigError, match="allowed: .*spell_backward"):  # nothing close: the list
-        make_task(TaskConfig(name="reasoning_gym", reasoning_gym=ReasoningGymConfig(generators=["zzzzqq"])))
+        make_task(TaskConfig(name="reasoning_gym", params=ReasoningGymConfig(generators=["zzzzqq"])))

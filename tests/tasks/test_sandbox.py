@@ -82,7 +82,7 @@ def test_trivial_fast_and_env_scrubbed():
 
 @pytest.mark.parametrize("level", ["netns+pidns", "rlimits"])
 def test_weaker_levels_still_score_calls(level):
-    """Below 'full' (accepted with task.code.allow_weak_isolation) the result channel is the same."""
+    """Below 'full' (accepted with task.allow_weak_isolation) the result channel is the same."""
     if level == "netns+pidns" and (os.geteuid() != 0 or shutil.which("unshare") is None):
         pytest.skip("netns+pidns needs root and util-linux unshare")
     src = "def f(a):\n    print('0 0 {\"value\": 99}')\n    return a * 2\n"

@@ -33,7 +33,7 @@ GCD = "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n"
 @pytest.fixture(scope="module")
 def task() -> CodeTask:
     cfg = CodeTaskConfig(timeout_s=WALL, workers=2, memory_mb=256)
-    t = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
+    t = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, params=cfg))
     object.__setattr__(t, "limits", SandboxLimits(wall_s=WALL, cpu_s=1, memory_bytes=256 * 2**20, uid=UID))
     return t
 

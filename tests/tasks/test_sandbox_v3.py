@@ -37,7 +37,7 @@ def fenced(code: str) -> str:
 
 def make_task(wall: float = 3.0, memory_mb: int = 256, workers: int = 2) -> CodeTask:
     cfg = CodeTaskConfig(timeout_s=wall, workers=workers, memory_mb=memory_mb)
-    return CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
+    return CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, params=cfg))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_a_scorer_failure_is_its_sample_class_only():
     comparison cannot be built) is that sample's ``scorer_error``; the batch is scored (at a rate of
     scorer errors within ``max_scorer_error_rate``: tests/tasks/test_sandbox_v4.py checks the rate above)."""
     cfg = CodeTaskConfig(timeout_s=3.0, workers=2, memory_mb=256, max_scorer_error_rate=0.5)
-    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
+    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, params=cfg))
     gcd = problem(task, "gcd")
     broken = own_problem([float("nan")])
     rewards, _, infos = task.score_many([fenced(GCD), fenced("def f():\n    return 1.0")], [gcd, broken])

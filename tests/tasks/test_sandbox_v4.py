@@ -58,7 +58,7 @@ def fenced(code: str) -> str:
 
 def make_task(wall: float = 3.0, workers: int = 2, **code) -> CodeTask:
     cfg = CodeTaskConfig(timeout_s=wall, workers=workers, memory_mb=256, **code)
-    return CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
+    return CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, params=cfg))
 
 
 def gcd_problem(task: CodeTask) -> CodeProblem:

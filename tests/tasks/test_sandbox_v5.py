@@ -121,7 +121,7 @@ def test_a_neighbour_of_three_flooding_samples_scores_1():
     """The task's real scoring path, a batch of three floods (from the top level, from a call, from a call
     after CPU work) and one correct program that needs CPU in each call: the correct one scores 1.0."""
     cfg = CodeTaskConfig(timeout_s=8.0, workers=4, memory_mb=256)
-    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
+    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, params=cfg))
     gcd = next(p for p in task._train + task._val_all if p.id == "gcd")
     progs = [FLOOD_TOP, FLOOD_CALL, FLOOD_THEN_BUSY, BUSY_GCD]
     rewards, _, infos = task.score_many([fenced(p) for p in progs], [gcd] * 4)
@@ -182,7 +182,7 @@ def test_a_top_level_that_stops_itself_is_a_crash():
 
 def test_a_self_killing_server_scores_like_a_crash_through_the_task():
     cfg = CodeTaskConfig(timeout_s=30.0, workers=1, memory_mb=256)
-    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, code=cfg))
+    task = CodeTask(TaskConfig(name="code", reward=RewardKind.partial, val_size=12, params=cfg))
     gcd = next(p for p in task._train + task._val_all if p.id == "gcd")
     prog = GCD.replace("    while b:", "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    while b:")
     rewards, _, infos = task.score_many([fenced(prog)], [gcd])

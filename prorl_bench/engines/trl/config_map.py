@@ -368,7 +368,7 @@ def _variant_refusal(c: Config) -> str | None:
 
 
 def leaf_keys(obj: Any = None, prefix: str = "") -> list[str]:
-    """Every leaf key of the root schema (``algo.lr``, ``task.code.path``, ``seed``)."""
+    """Every leaf key of the root schema (``algo.lr``, ``task.min_len``, ``seed``)."""
     obj = Config() if obj is None else obj
     out = []
     for f in fields(obj):
