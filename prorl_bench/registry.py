@@ -120,7 +120,7 @@ class Registry(Generic[T]):
         _load_installed()
         if not isinstance(name, str) or name not in self._meta:
             raise ConfigError(f"invalid config value {key or self.key}={name!r}: allowed {', '.join(self.names())}")
-        return name
+        return getattr(name, "value", name)  # a kind given as its enum member (GrowthKind.rank): its name
 
     def __getitem__(self, name: str) -> T:
         """The code registered as ``name`` (NotImplementedOption: declared, but its code is not loaded)."""
@@ -248,7 +248,14 @@ OPT_TRANSFORMS: Registry[Callable[..., Any]] = Registry("opt_reset.kind", "optim
 REFERENCES: Registry[type] = Registry("variant.reference", "reference strategy")
 DETECTORS: Registry[type] = Registry("detector.name", "detector")
 ENGINES: Registry[Any] = Registry("engine.name", "engine")  # an engines.base.Engine instance per name
-AXES = (ADVANTAGES, KL_ESTIMATORS, TASKS, RESET_TRIGGERS, OPT_TRANSFORMS, REFERENCES, DETECTORS, ENGINES)
+# Kind-selected groups: their options are a closed set (an enum of the config), declared here so that each
+# binds its own parameters like every other axis; their code is the run's, selected by the kind.
+GROWTH: Registry[Any] = Registry("growth.kind", "growth kind")
+KL_CONTROLLERS: Registry[Any] = Registry("kl_ctl.kind", "KL controller")
+ADAPTERS: Registry[Any] = Registry("adapter.kind", "adapter kind")
+ROUTE_USES: Registry[Any] = Registry("route.use", "use of the detector's labels")
+KINDS = (GROWTH, KL_CONTROLLERS, ADAPTERS, ROUTE_USES)  # declared only: no code registers under them
+AXES = (ADVANTAGES, KL_ESTIMATORS, TASKS, RESET_TRIGGERS, OPT_TRANSFORMS, REFERENCES, DETECTORS, ENGINES, *KINDS)
 
 _CONFIG_CHECKS: list[Callable[[Any], None]] = []
 

@@ -210,8 +210,10 @@ def test_config_validation_loads_no_higher_layer_torch_or_trl():
         for value in sections:
             type(value)()
         # what an option needs besides its name to be valid in its section alone
+        import os
+        example = os.path.join(os.path.dirname(os.path.dirname(config.__file__)), "data", "math", "example.jsonl")
         needs = {"pattern": {"params": {"regex": "7$"}}, "hard": {"step": config.StepPolicy.reset},
-                 "k1": {"placement": config.KLPlacement.reward}}
+                 "k1": {"placement": config.KLPlacement.reward}, "math_jsonl": {"params": {"path": example}}}
         built = 0
         for section, reg in SECTIONS.items():
             for name in reg.names():

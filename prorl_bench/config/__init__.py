@@ -34,8 +34,15 @@ Each field's comment is its ``prorl-bench --help`` text (prorl_bench/cli/confhel
 from __future__ import annotations
 
 from prorl_bench.config import builtin_options  # noqa: F401  (declares the built-in options first)
-from prorl_bench.config.algo import VARIANT_PRESETS, AlgoConfig, KLConfig, KLControlConfig, VariantConfig
-from prorl_bench.config.engine import ENGINES, EngineConfig
+from prorl_bench.config.algo import (
+    VARIANT_PRESETS,
+    AdaptiveKLParams,
+    AlgoConfig,
+    KLConfig,
+    KLControlConfig,
+    VariantConfig,
+)
+from prorl_bench.config.engine import ENGINES, EngineConfig, TrlEngineParams
 from prorl_bench.config.enums import (
     AdamWImpl,
     AdapterKind,
@@ -59,10 +66,18 @@ from prorl_bench.config.enums import (
     StepPolicy,
     UpdateNormMode,
 )
-from prorl_bench.config.events import GrowthConfig, OptResetConfig, ResetConfig
-from prorl_bench.config.model import POSITIONS, AdapterConfig, HardwareConfig, ModelConfig, WarmupConfig
+from prorl_bench.config.events import GrowthConfig, OptResetConfig, RankGrowthParams, ResetConfig
+from prorl_bench.config.model import (
+    POSITIONS,
+    AdapterConfig,
+    DualLoraParams,
+    HardwareConfig,
+    LoraParams,
+    ModelConfig,
+    WarmupConfig,
+)
 from prorl_bench.config.root import GRID_KEYS, MAX_SEED, Config, as_dict, register_configs
-from prorl_bench.config.routing import DetectorConfig, RouteAdvantages, RouteConfig, RouteUse
+from prorl_bench.config.routing import DetectorConfig, PenalizeParams, RouteAdvantages, RouteConfig, RouteUse
 from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, GuardConfig, TrackingConfig
 from prorl_bench.config.task import CodeTaskConfig, MathJsonlConfig, ReasoningGymConfig, TaskConfig
 from prorl_bench.config.validate import complete, to_config
@@ -105,6 +120,13 @@ __all__ = [
     "WarmupConfig",
     "POSITIONS",
     "VARIANT_PRESETS",
+    # a kind's or an engine's parameters (flat keys of its section)
+    "AdaptiveKLParams",
+    "DualLoraParams",
+    "LoraParams",
+    "PenalizeParams",
+    "RankGrowthParams",
+    "TrlEngineParams",
     # enums
     "AdamWImpl",
     "AdapterKind",

@@ -160,18 +160,29 @@ class AlgoConfig:
 
 
 @dataclass
-class KLControlConfig:
-    """KL coefficient: fixed at algo.beta, or adaptive toward ``target`` (PPO / verl style)."""
+class AdaptiveKLParams:
+    """``kl_ctl=adaptive``: a target-KL controller (PPO / verl): beta rises above the target KL, falls below it."""
 
-    # fixed (beta = algo.beta) | adaptive (PPO/verl controller toward kl_ctl.target)
-    kind: KLControlKind = KLControlKind.fixed
     target: float = 0.05  # target KL per token (nats, kl/ref)
     horizon: int = 100  # steps over which a 20% proportional error moves beta by ~20%
-    beta_min: float = 1e-5  # adaptive: lower bound of beta
-    beta_max: float = 1.0  # adaptive: upper bound of beta
+    beta_min: float = 1e-5  # lower bound of beta
+    beta_max: float = 1.0  # upper bound of beta
 
     def __post_init__(self) -> None:
         _require(self.target > 0, "kl_ctl.target", self.target, "> 0")
         _require(self.horizon >= 1, "kl_ctl.horizon", self.horizon, ">= 1")
         _require(self.beta_min >= 0, "kl_ctl.beta_min", self.beta_min, ">= 0")
         _require(self.beta_max >= self.beta_min, "kl_ctl.beta_max", self.beta_max, f">= beta_min ({self.beta_min})")
+
+
+@dataclass
+class KLControlConfig:
+    """KL coefficient: fixed at algo.beta, or adaptive toward a target (its parameters: ``AdaptiveKLParams``)."""
+
+    # fixed (beta = algo.beta) | adaptive (PPO/verl controller toward kl_ctl.target)
+    kind: KLControlKind = KLControlKind.fixed
+    params: Any = None  # the kind's parameters (AdaptiveKLParams for adaptive; flat keys kl_ctl.<key>)
+
+    def __post_init__(self) -> None:
+        self.params = bind_params(registry.KL_CONTROLLERS, self.kind, self.params)  # an unknown name: ConfigError
+        self.kind = KLControlKind(self.kind)  # a name given as text (Python API) is the enum member

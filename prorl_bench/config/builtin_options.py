@@ -25,16 +25,25 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from prorl_bench.config.algo import AdaptiveKLParams
+from prorl_bench.config.engine import TrlEngineParams
 from prorl_bench.config.enums import K2Mode, KLPlacement
+from prorl_bench.config.events import RankGrowthParams
+from prorl_bench.config.model import DualLoraParams, LoraParams
+from prorl_bench.config.routing import PenalizeParams
 from prorl_bench.config.task import CodeTaskConfig, MathJsonlConfig, ReasoningGymConfig
 from prorl_bench.registry import (
+    ADAPTERS,
     ADVANTAGES,
     DETECTORS,
     ENGINES,
+    GROWTH,
+    KL_CONTROLLERS,
     KL_ESTIMATORS,
     OPT_TRANSFORMS,
     REFERENCES,
     RESET_TRIGGERS,
+    ROUTE_USES,
     TASKS,
     ConfigError,
     builtins_declared,
@@ -376,6 +385,37 @@ ENGINES.declare("native", "The bench's own trainer (prorl_bench/run/trainer.py),
 ENGINES.declare(
     "trl",
     "TRL's GRPOTrainer built from the bench's config, refusing the knobs TRL cannot express (needs TRL installed).",
+    params=TrlEngineParams,
 )
+
+# --------------------------------------------------------------------------- kind-selected groups
+# (growth.kind, kl_ctl.kind, adapter.kind, route.use): a closed set of kinds (an enum of the config), each
+# binding its own parameters as flat keys of its section; the run's code branches on the kind.
+
+GROWTH.declare("none", "No topology growth: the adapter keeps its rank.")
+GROWTH.declare(
+    "rank",
+    "The LoRA rank grows by growth.rank_step every grow_every steps, at resets or on a stall, up to max_rank.",
+    params=RankGrowthParams,
+)
+KL_CONTROLLERS.declare("fixed", "The KL coefficient stays at algo.beta.")
+KL_CONTROLLERS.declare(
+    "adaptive",
+    "A target-KL controller (PPO, verl) moves beta toward kl_ctl.target within [beta_min, beta_max].",
+    params=AdaptiveKLParams,
+)
+ADAPTERS.declare("none", "Full fine-tuning: every weight of the policy trains, with no adapters.")
+ADAPTERS.declare("lora", "LoRA adapters on the named linear layers, the base frozen by default.", params=LoraParams)
+ADAPTERS.declare(
+    "dual_lora",
+    "Gradient routing's retain and forget LoRA adapters on the same layers (labelled samples train forget only).",
+    params=DualLoraParams,
+)
+ROUTE_USES.declare("route", "Labelled samples train only the forget adapter (gradient routing; adapter=dual_lora).")
+ROUTE_USES.declare("filter", "Labelled samples are dropped from the update (data filtering).")
+ROUTE_USES.declare(
+    "penalize", "Labelled samples lose route.penalty from their reward (reward shaping).", params=PenalizeParams
+)
+ROUTE_USES.declare("observe", "Labels are computed and logged but not used (a baseline that sees the same detector).")
 
 builtins_declared()

@@ -13,10 +13,16 @@ from prorl_bench.registry import ENGINES
 
 
 @dataclass
+class TrlEngineParams:
+    """``engine=trl``: the knobs of TRL's GRPOTrainer that have no counterpart in the native trainer."""
+
+    # TRL's gradient checkpointing (its own default is on; off = the same work as native)
+    gradient_checkpointing: bool = False
+
+
+@dataclass
 class EngineConfig:
     name: str = "native"  # a registered engine (registry.ENGINES): native | trl (pip install 'prorl-bench[trl]')
-    # trl: TRL's gradient checkpointing (its own default is on; off = the same work as native)
-    gradient_checkpointing: bool = False
     params: Any = None  # the engine's parameters (its dataclass instance; flat keys engine.<name>)
 
     def __post_init__(self) -> None:

@@ -74,10 +74,10 @@ class OptResetConfig:
 
 
 @dataclass
-class GrowthConfig:
-    """Adapter rank growth by ``rank_step`` up to ``max_rank`` (every N steps / at resets / on stall)."""
+class RankGrowthParams:
+    """``growth=rank``: adapter rank growth by ``rank_step`` up to ``max_rank`` (every N steps / at resets / on
+    stall)."""
 
-    kind: GrowthKind = GrowthKind.none  # none | rank (adapter rank growth)
     rank_step: int = 2  # rank added per growth
     grow_every: int = 50  # 0 disables periodic growth
     max_rank: int = 16  # no growth beyond this rank
@@ -92,6 +92,24 @@ class GrowthConfig:
         _require(self.grow_every >= 0, "growth.grow_every", self.grow_every, ">= 0 (0 disables)")
         _require(self.max_rank >= 1, "growth.max_rank", self.max_rank, ">= 1")
         _require(self.patience >= 1, "growth.patience", self.patience, ">= 1")
+        _require(
+            self.grow_every > 0 or self.at_reset or self.on_stall,
+            "growth.grow_every",
+            self.grow_every,
+            "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
+        )
+
+
+@dataclass
+class GrowthConfig:
+    """Topology growth during RL: ``none``, or ``rank`` (its parameters: ``RankGrowthParams``, flat keys)."""
+
+    kind: GrowthKind = GrowthKind.none  # none | rank (adapter rank growth)
+    params: Any = None  # the kind's parameters (RankGrowthParams for rank; flat keys growth.<key>)
+
+    def __post_init__(self) -> None:
+        self.params = bind_params(registry.GROWTH, self.kind, self.params)  # an unknown name: ConfigError
+        self.kind = GrowthKind(self.kind)  # a name given as text (Python API) is the enum member
 
 
 # --------------------------------------------------------------------------- config checks of reset and opt_reset

@@ -4,6 +4,7 @@ the supervised warm-up that produces its base."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prorl_bench import registry
 from prorl_bench.config.enums import (
@@ -16,6 +17,7 @@ from prorl_bench.config.enums import (
     ModelKind,
     UpdateNormMode,
 )
+from prorl_bench.config.options import bind_params
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
@@ -74,13 +76,10 @@ def _check_hf_path(path: str | None) -> None:
 
 
 @dataclass
-class AdapterConfig:
-    """LoRA adapters on the policy's linear layers named in ``targets`` (attribute names)."""
+class LoraParams:
+    """``adapter=lora``: LoRA adapters (Hu et al. 2021) on the policy's linear layers named in ``targets``."""
 
-    kind: AdapterKind = AdapterKind.none  # none | lora | dual_lora
     rank: int = 4  # LoRA rank r (Hu et al. 2021)
-    retain_rank: int = 4  # dual_lora: rank of the retain adapter (learns from unlabelled samples only)
-    forget_rank: int = 4  # dual_lora: rank of the forget adapter (learns from every sample)
     alpha: float = 8.0  # scaling = alpha / initial rank, kept fixed when the rank grows
     # linear layers that get adapters (attribute names: qkv, proj, fc1, fc2 native; q_proj... HF)
     targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
@@ -91,23 +90,58 @@ class AdapterConfig:
     reference: AdapterReferenceKind = AdapterReferenceKind.auto
 
     def __post_init__(self) -> None:
+        _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
+        _check_shared(self)
         _require(
             not (self.reference == AdapterReferenceKind.adapters and not self.freeze_base),
             "adapter.reference",
             self.reference.value,
             "copy or auto when adapter.freeze_base=false (the base trains, so the reference needs its own copy)",
         )
-        _require(self.rank >= 1, "adapter.rank", self.rank, ">= 1")
+
+
+@dataclass
+class DualLoraParams:
+    """``adapter=dual_lora``: gradient routing's retain and forget LoRA adapters on the same layers
+    (prorl_bench/models/dual_lora.py); each adapter's scaling is alpha / its rank."""
+
+    retain_rank: int = 4  # rank of the retain adapter (learns from unlabelled samples only)
+    forget_rank: int = 4  # rank of the forget adapter (learns from every sample)
+    alpha: float = 8.0  # each adapter's scaling is alpha / its rank
+    # linear layers that get both adapters (attribute names: qkv, proj, fc1, fc2 native; q_proj... HF)
+    targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])
+    freeze_base: bool = True  # train only the adapters (the base is frozen)
+    # copy | auto: the reference is a frozen copy of the policy (``adapters`` is lora's sharing, refused here)
+    reference: AdapterReferenceKind = AdapterReferenceKind.auto
+
+    def __post_init__(self) -> None:
         _require(self.retain_rank >= 1, "adapter.retain_rank", self.retain_rank, ">= 1")
         _require(self.forget_rank >= 1, "adapter.forget_rank", self.forget_rank, ">= 1")
+        _check_shared(self)
         _require(
-            not (self.kind == AdapterKind.dual_lora and self.reference == AdapterReferenceKind.adapters),
+            self.reference != AdapterReferenceKind.adapters,
             "adapter.reference",
             self.reference.value,
             "copy or auto with adapter=dual_lora (its reference is a frozen copy of the policy)",
         )
-        _require(self.alpha > 0, "adapter.alpha", self.alpha, "> 0")
-        _require(len(self.targets) > 0, "adapter.targets", self.targets, "a non-empty list of layer names")
+
+
+def _check_shared(p: LoraParams | DualLoraParams) -> None:
+    _require(p.alpha > 0, "adapter.alpha", p.alpha, "> 0")
+    _require(len(p.targets) > 0, "adapter.targets", p.targets, "a non-empty list of layer names")
+
+
+@dataclass
+class AdapterConfig:
+    """Adapters on the policy: ``none`` (full fine-tuning), ``lora`` or ``dual_lora`` (their parameters:
+    ``LoraParams``, ``DualLoraParams``, flat keys ``adapter.<key>``)."""
+
+    kind: AdapterKind = AdapterKind.none  # none | lora | dual_lora
+    params: Any = None  # the kind's parameters (flat keys adapter.<key>)
+
+    def __post_init__(self) -> None:
+        self.params = bind_params(registry.ADAPTERS, self.kind, self.params)  # an unknown name: ConfigError
+        self.kind = AdapterKind(self.kind)  # a name given as text (Python API) is the enum member
 
 
 @dataclass

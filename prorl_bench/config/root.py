@@ -98,16 +98,10 @@ class Config:
                 "'lora' with growth=rank (growth grows the adapter rank)",
             )
             _require(
-                self.growth.max_rank > self.adapter.rank,
+                self.growth.params.max_rank > self.adapter.params.rank,
                 "growth.max_rank",
-                self.growth.max_rank,
-                f"> adapter.rank ({self.adapter.rank})",
-            )
-            _require(
-                self.growth.grow_every > 0 or self.growth.at_reset or self.growth.on_stall,
-                "growth.grow_every",
-                self.growth.grow_every,
-                "> 0, or growth.at_reset / growth.on_stall enabled (otherwise growth never happens)",
+                self.growth.params.max_rank,
+                f"> adapter.rank ({self.adapter.params.rank})",
             )
         _check_routing(self)
         registry.run_config_checks(self)  # cross-group checks and warnings the options' modules register
@@ -195,7 +189,7 @@ def _check_routing(cfg: Config) -> None:
     _require(
         cfg.detector.name != "none" or cfg.route == RouteConfig(),
         "route",
-        f"use={use.value},advantages={cfg.route.advantages.value},penalty={cfg.route.penalty}",
+        f"use={use.value},advantages={cfg.route.advantages.value}",
         "the defaults without a detector (detector=none: there are no labels to use)",
     )
     _require(

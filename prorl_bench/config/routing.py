@@ -66,6 +66,16 @@ class RouteAdvantages(str, Enum):
 
 
 @dataclass
+class PenalizeParams:
+    """``route.use=penalize``: reward shaping by the detector's labels."""
+
+    penalty: float | None = None  # subtracted from a labelled sample's reward; null = the task's hack bonus
+
+    def __post_init__(self) -> None:
+        _require(self.penalty is None or self.penalty >= 0, "route.penalty", self.penalty, "null or >= 0")
+
+
+@dataclass
 class RouteConfig:
     """How a run uses its detector's labels (only with a detector; prorl_bench/run/routing.py)."""
 
@@ -73,19 +83,14 @@ class RouteConfig:
     # group | split: split normalises unlabelled rows within the unlabelled subset of their group
     # (route: the retain adapter's advantages; the forget adapter keeps the whole group's)
     advantages: RouteAdvantages = RouteAdvantages.group
-    penalty: float | None = None  # penalize: subtracted from a labelled sample's reward; null = the task's hack bonus
+    params: Any = None  # the use's parameters (PenalizeParams for penalize; flat keys route.<key>)
 
     def __post_init__(self) -> None:
-        _require(self.penalty is None or self.penalty >= 0, "route.penalty", self.penalty, "null or >= 0")
+        self.params = bind_params(registry.ROUTE_USES, self.use, self.params)  # an unknown name: ConfigError
+        self.use = RouteUse(self.use)  # a name given as text (Python API) is the enum member
         _require(
             not (self.advantages == RouteAdvantages.split and self.use in (RouteUse.penalize, RouteUse.observe)),
             "route.advantages",
             self.advantages.value,
             f"'group' with route.use={self.use.value} (nothing is routed or dropped, so there is no subset to split)",
-        )
-        _require(
-            self.penalty is None or self.use == RouteUse.penalize,
-            "route.penalty",
-            self.penalty,
-            "null unless route.use=penalize",
         )

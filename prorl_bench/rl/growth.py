@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from prorl_bench.config import GrowthConfig, Migration, ResetConfig, StallMetric
+from prorl_bench.config import Migration, RankGrowthParams, ResetConfig, StallMetric
 from prorl_bench.models.lora import GrownParam
 from prorl_bench.rl.opt_state import check_adam_state
 from prorl_bench.rl.resets import ResetSchedule
@@ -61,7 +61,7 @@ class GrowthSchedule:
     """Decides whether the adapter rank grows at a step boundary: every ``grow_every`` steps, at
     reference resets, and/or when the held-out metric stalls — never beyond ``max_rank``."""
 
-    def __init__(self, cfg: GrowthConfig, metric: StallMetric) -> None:
+    def __init__(self, cfg: RankGrowthParams, metric: StallMetric) -> None:
         self.cfg = cfg
         self.periodic = ResetSchedule(ResetConfig(trigger="periodic", params={"every": max(cfg.grow_every, 1)}))
         self.stall = ResetSchedule(ResetConfig(trigger="stall", metric=metric, params={"patience": cfg.patience}))

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import math
 
-from prorl_bench.config import KLControlConfig, KLControlKind
+from prorl_bench.config import AdaptiveKLParams
 
 
 class KLController:
-    def __init__(self, init_beta: float, cfg: KLControlConfig) -> None:
+    def __init__(self, init_beta: float, cfg: AdaptiveKLParams | None) -> None:
+        """``cfg``: kl_ctl=adaptive's parameters; None (kl_ctl=fixed) keeps beta at ``init_beta``."""
         self.init_beta = init_beta
         self.cfg = cfg
         self.value = init_beta
 
     def update(self, kl: float | None) -> float:
         """Feed the step's measured KL; returns the beta for the next step. None/NaN KL: no change."""
-        if self.cfg.kind == KLControlKind.fixed or kl is None or math.isnan(kl):
+        if self.cfg is None or kl is None or math.isnan(kl):
             return self.value
         err = min(max(kl / self.cfg.target - 1.0, -0.2), 0.2)
         self.value = min(max(self.value * (1.0 + err / self.cfg.horizon), self.cfg.beta_min), self.cfg.beta_max)

@@ -88,12 +88,12 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, Config, int]:
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.models.hf_model import load_policy
 
-        targets = list(cfg.adapter.targets) if cfg.adapter.kind != AdapterKind.none else []
+        targets = list(cfg.adapter.params.targets) if cfg.adapter.kind != AdapterKind.none else []
         policy = load_policy(cfg.model, torch.device("cpu"), targets)
     else:
         policy = TransformerPolicy(cfg.model, tok.vocab_size)
     if cfg.adapter.kind == AdapterKind.lora:
-        d = cfg.adapter
+        d = cfg.adapter.params
         attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
         if blob.get("adapter_rank", d.rank) > d.rank:
             grow_rank([policy], blob["adapter_rank"], seed=0)
@@ -176,7 +176,7 @@ def export_hf(policy: nn.Module, cfg: Config, out: str | Path) -> Path:
     set_generation_defaults(model, bench_tok)
     model.save_pretrained(out)
     export_tokenizer(bench_tok, out)
-    if cfg.adapter.kind == AdapterKind.lora and cfg.adapter.freeze_base:
+    if cfg.adapter.kind == AdapterKind.lora and cfg.adapter.params.freeze_base:
         export_peft(policy, cfg, out / PEFT_DIR)  # the adapters alone, for PEFT users
     return out
 
@@ -368,7 +368,7 @@ def _attach_dual(policy: nn.Module, cfg: Config) -> None:
     if cfg.adapter.kind == AdapterKind.dual_lora:
         from prorl_bench.models.dual_lora import attach_dual_lora
 
-        d = cfg.adapter
+        d = cfg.adapter.params
         attach_dual_lora(policy, list(d.targets), d.retain_rank, d.forget_rank, d.alpha, d.freeze_base)
 
 
@@ -393,5 +393,5 @@ def _fold_routed(policy: nn.Module, cfg: Config, scales: tuple[float, float] | N
         )
     fold_dual(policy, scales)
     plain = copy.copy(cfg)  # no re-validation: only the adapter changes, to what the folded policy now is
-    object.__setattr__(plain, "adapter", AdapterConfig(targets=list(cfg.adapter.targets)))
+    object.__setattr__(plain, "adapter", AdapterConfig())
     return policy, plain

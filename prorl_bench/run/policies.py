@@ -88,7 +88,7 @@ def _load_base_policy(
     if cfg.model.kind == ModelKind.hf_causal_lm:
         from prorl_bench.models.hf_model import fingerprint, load_policy
 
-        targets = list(cfg.adapter.targets) if cfg.adapter.kind != AdapterKind.none else []
+        targets = list(cfg.adapter.params.targets) if cfg.adapter.kind != AdapterKind.none else []
 
         def make() -> torch.nn.Module:
             return load_policy(cfg.model, torch.device("cpu"), targets)

@@ -169,12 +169,13 @@ class Router:
         )
         self.penalty = 0.0
         if self.detector is not None and self.use == RouteUse.penalize:
-            if r.penalty is None and not hasattr(task, "hack_bonus"):
+            penalty = r.params.penalty  # PenalizeParams: route.penalty
+            if penalty is None and not hasattr(task, "hack_bonus"):
                 raise ConfigError(
                     f"invalid config value route.penalty=None: task {task.name} has no hack bonus to subtract; "
                     "allowed a number >= 0"
                 )
-            self.penalty = float(task.hack_bonus if r.penalty is None else r.penalty)
+            self.penalty = float(task.hack_bonus if penalty is None else penalty)
         self.labels: torch.Tensor | None = None  # this step's (B,) bool labels
 
     def label(self, step: int, problems: Sequence[Any], texts: Sequence[str], infos: Sequence[dict[str, Any]]) -> None:

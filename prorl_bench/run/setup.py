@@ -107,10 +107,10 @@ def initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: to
     schedules and triggers, and the three RNGs (prompts, token sampling, minibatch order)."""
     a = cfg.algo
     seed_everything(cfg.seed)  # the base may have been trained in this process: reseed after it
-    d = cfg.adapter
-    if d.kind == AdapterKind.lora:
+    d = cfg.adapter.params  # LoraParams / DualLoraParams (None for adapter=none)
+    if cfg.adapter.kind == AdapterKind.lora:
         attach_lora(policy, list(d.targets), d.rank, d.alpha, d.freeze_base)
-    elif d.kind == AdapterKind.dual_lora:  # gradient routing: retain + forget adapters
+    elif cfg.adapter.kind == AdapterKind.dual_lora:  # gradient routing: retain + forget adapters
         attach_dual_lora(policy, list(d.targets), d.retain_rank, d.forget_rank, d.alpha, d.freeze_base)
     policy.train()
     ref_ctx = ReferenceContext(
@@ -125,14 +125,14 @@ def initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: to
     )
     ref = build_reference(cfg.variant.reference, ref_ctx, cfg.variant.params)  # its parameters bound once
     optimizer = build_optimizer(policy, a)
-    growth = GrowthSchedule(cfg.growth, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
+    growth = GrowthSchedule(cfg.growth.params, cfg.reset.metric) if cfg.growth.kind != GrowthKind.none else None
     keeps_best = cfg.reset.source == ResetSource.best and cfg.reset.trigger != "none"
     return RunState(
         policy=policy,
         ref=ref,
         optimizer=optimizer,
         schedule=LRSchedule(a.lr, a.lr_warmup_steps),
-        kl_ctl=KLController(a.beta, cfg.kl_ctl),
+        kl_ctl=KLController(a.beta, cfg.kl_ctl.params),
         resets=ResetSchedule(cfg.reset),
         growth=growth,
         guard=NonFiniteGuard(cfg.guard.nonfinite, device),
@@ -145,9 +145,9 @@ def initial_state(cfg: Config, policy, task, banned: tuple[int, ...], device: to
 
 def uses_adapter_reference(cfg: Config) -> bool:
     """True when the reference is the frozen base + its own adapters (no deep copy of the policy)."""
-    d = cfg.adapter
-    if d.kind != AdapterKind.lora:
+    if cfg.adapter.kind != AdapterKind.lora:
         return False
+    d = cfg.adapter.params
     return d.reference == AdapterReferenceKind.adapters or (d.reference == AdapterReferenceKind.auto and d.freeze_base)
 
 

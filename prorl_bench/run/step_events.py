@@ -112,9 +112,9 @@ def _grow(cfg, step, policy, ref, optimizer) -> tuple[torch.optim.Optimizer, dic
     old_rank = adapter_rank(policy)
     trainable_before = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     models = [policy, *ref.models()]
-    grown = grow_rank(models, old_rank + cfg.growth.rank_step, seed=cfg.seed * 1_000_003 + step)
+    grown = grow_rank(models, old_rank + cfg.growth.params.rank_step, seed=cfg.seed * 1_000_003 + step)
     optimizer, info = migrate_optimizer(
-        optimizer, grown[0], cfg.growth.migration, rebuild=lambda: build_optimizer(policy, cfg.algo)
+        optimizer, grown[0], cfg.growth.params.migration, rebuild=lambda: build_optimizer(policy, cfg.algo)
     )
     return optimizer, {
         "old_rank": old_rank,

@@ -56,6 +56,13 @@ def _select(reg: registry.Registry, name: str, hf_dir: Path, by_group: bool) -> 
         "kl_estimator.name": ["kl_estimator.placement=reward"] if name == "k1" else [],
         # a transform that fixes the step policy (hard) needs it stated when selected by value
         "opt_reset.kind": [f"opt_reset.step={s}"] if (s := reg.meta(name).get("step")) and not by_group else [],
+        "growth.kind": ["adapter=lora"] if name != "none" else [],  # growth grows a LoRA rank
+        # a use of the detector's labels needs a detector; route (the default use) routes between dual adapters
+        "route.use": [
+            "detector=reward_field",
+            "task=hack_compete",
+            "adapter=dual_lora" if name == "route" else "adapter=lora",
+        ],
     }.get(reg.key, [])
     if reg is registry.ENGINES and name == "trl":  # TRL trains HF models and states its own adv_eps
         extra = ["model=hf_causal_lm", f"model.path={hf_dir}", "algo.adv_eps=1e-4"]

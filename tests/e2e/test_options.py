@@ -11,7 +11,9 @@ A new option with parameters must add a changed value to ``CHANGED`` (the test f
 
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +41,14 @@ SELECT = {
     "kl_estimator.name": lambda n: (
         [f"kl_estimator.name={n}"] + (["kl_estimator.placement=reward"] if n == "k1" else [])
     ),
+    "growth.kind": lambda n: [f"growth={n}", "adapter=lora"],
+    "kl_ctl.kind": lambda n: [f"kl_ctl={n}"],
+    "adapter.kind": lambda n: [f"adapter={n}"],
+    "route.use": lambda n: [f"route.use={n}", "detector=reward_field", "adapter=lora", "task=hack_compete"],
+    "task.name": lambda n: (
+        [f"task.name={n}"] + (["model=hf_causal_lm", f"model.path={_hf_dir()}"] if n in ("math_jsonl", "code") else [])
+    ),
+    "engine.name": lambda n: [f"engine={n}", "model=hf_causal_lm", f"model.path={_hf_dir()}", "algo.adv_eps=1e-4"],
 }
 CHANGED = {
     ("reset.trigger", "periodic"): {"every": 3},
@@ -56,9 +66,56 @@ CHANGED = {
     ("variant.reference", "ema"): {"rate": 0.5},
     ("detector.name", "pattern"): {"regex": "1"},
     ("detector.name", "reward_field"): {"threshold": 0.5},
+    ("task.name", "reasoning_gym"): {"train_seed": 5},
+    ("task.name", "code"): {"max_completion_tokens": 64},
+    ("task.name", "math_jsonl"): {"val_path": "HELD_OUT"},  # a file of other questions (_math_files)
+    ("growth.kind", "rank"): {"grow_every": 3},
+    ("kl_ctl.kind", "adaptive"): {"target": 0.5},
+    ("adapter.kind", "lora"): {"rank": 2},
+    ("adapter.kind", "dual_lora"): {"forget_rank": 2},
+    ("route.use", "penalize"): {"penalty": 0.25},
+    ("engine.name", "trl"): {"gradient_checkpointing": True},
 }
+
+
+def _hf_dir() -> str:
+    """A tiny local Hugging Face model (engine=trl trains HF models), built once per test process."""
+    import tempfile
+
+    from prorl_bench.models.tiny_hf import build_tiny_llama
+
+    global _HF
+    if _HF is None:
+        _HF = str(build_tiny_llama(Path(tempfile.mkdtemp()) / "tiny", hidden_size=32, n_layers=2, n_heads=4))
+    return _HF
+
+
+_HF: str | None = None
 # parameters without a default, or a value the option needs whatever the test changes
-REQUIRED = {("detector.name", "pattern"): {"regex": "7$"}, ("reset.trigger", "kl_spike"): {"kl_threshold": 0.5}}
+REQUIRED = {
+    ("detector.name", "pattern"): {"regex": "7$"},
+    ("reset.trigger", "kl_spike"): {"kl_threshold": 0.5},
+    ("task.name", "math_jsonl"): {"path": "EXAMPLE"},
+}
+
+
+@functools.cache
+def _math_files(value: object) -> object:
+    """``EXAMPLE`` / ``HELD_OUT`` as files: the shipped example, and a held-out file of questions not in it."""
+    import json
+    import tempfile
+
+    from prorl_bench.tasks.math_jsonl_task import EXAMPLE
+
+    if value == "EXAMPLE":
+        return str(EXAMPLE)
+    if value != "HELD_OUT":
+        return value
+    path = Path(tempfile.mkdtemp()) / "held_out.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in (101, 202))
+    )
+    return str(path)
 
 
 def _options() -> list[tuple[registry.Registry, str]]:
@@ -69,7 +126,7 @@ def _config(reg: registry.Registry, name: str, params: dict) -> Config:
     base = SELECT.get(reg.key, lambda n: [f"{reg.key}={n}"])(name)
     if reg.key == "kl_estimator.name" and params.get("k2_mode") == "ref_over_old":
         base.append("kl_estimator.placement=reward")
-    given = {**REQUIRED.get((reg.key, name), {}), **params}
+    given = {k: _math_files(v) for k, v in {**REQUIRED.get((reg.key, name), {}), **params}.items()}
     return make_config(base + [f"++{reg.section}.{k}={v}" for k, v in given.items()])
 
 
@@ -82,6 +139,8 @@ def _built(reg: registry.Registry, cfg: Config):
         return build_kl(sec).fn.params
     if reg is registry.DETECTORS:
         return build_detector(sec.name, sec.params).params
+    if reg in registry.KINDS or reg is registry.ENGINES:  # the run hands the bound parameters to its code
+        return _kind_object(reg, cfg).cfg if reg in (registry.GROWTH, registry.KL_CONTROLLERS) else sec.params
     return registry.AXES[registry.AXES.index(reg)].build(getattr(sec, reg.selector), sec.params).params
 
 
@@ -110,13 +169,60 @@ def _output(reg: registry.Registry, cfg: Config) -> object:
         rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]])
         return advantage_estimator(sec.advantage, sec.params, cfg.algo.adv_eps)(rewards).tolist()
     if reg is registry.TASKS:
-        return [p.prompt for p in make_task(sec).sample_train(random.Random(0), 8)]
+        task = make_task(sec)
+        return [p.prompt for p in task.sample_train(random.Random(0), 8)], task.max_completion_len
     if reg is registry.DETECTORS:
         det = build_detector(sec.name, sec.params)
         return [det("p", t, None, {"hack": h}) for t, h in (("17", 1.0), ("21", 0.3), ("3", 0.0))]
     if reg is registry.REFERENCES:
         return _reference_trace(cfg)
+    if reg in registry.KINDS or reg is registry.ENGINES:
+        return _kind_output(reg, cfg)
     raise AssertionError(reg.key)
+
+
+def _kind_object(reg: registry.Registry, cfg: Config) -> object:
+    """What the run builds from a kind's parameters (run/setup.py): the growth schedule, the KL controller."""
+    from prorl_bench.rl.growth import GrowthSchedule
+    from prorl_bench.rl.kl_control import KLController
+
+    if reg is registry.GROWTH:
+        return GrowthSchedule(cfg.growth.params, cfg.reset.metric)
+    return KLController(cfg.algo.beta, cfg.kl_ctl.params)
+
+
+def _kind_output(reg: registry.Registry, cfg: Config) -> object:
+    """A figure each kind computes from its parameters: growth steps, betas, adapter sizes, shaped rewards,
+    TRL's arguments."""
+    if reg is registry.GROWTH:
+        grow = _kind_object(reg, cfg)
+        return [s for s in range(1, 13) if grow.due(s, 4, False)]
+    if reg is registry.KL_CONTROLLERS:
+        ctl = _kind_object(reg, cfg)
+        return [ctl.update(0.2) for _ in range(3)]
+    if reg is registry.ADAPTERS:
+        from prorl_bench.run.setup import initial_state
+
+        policy = _tiny_policy()
+        initial_state(cfg, policy, make_task(cfg.task), (), torch.device("cpu"), 4)
+        return sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    if reg is registry.ROUTE_USES:
+        from prorl_bench.tasks.hack_task import CompeteTask
+
+        router = Router(cfg, CompeteTask(cfg.task))
+        router.labels = torch.tensor([True, False])
+        return router.shape_rewards(torch.tensor([1.0, 1.0])).tolist()
+    from prorl_bench.engines.trl.build import grpo_args  # engine=trl: the GRPOConfig it builds
+
+    return grpo_args(cfg, Path(_hf_dir()) / "out", 8).gradient_checkpointing
+
+
+def _tiny_policy():
+    from prorl_bench.config import ModelConfig
+    from prorl_bench.models.model import TransformerPolicy
+
+    torch.manual_seed(0)
+    return TransformerPolicy(ModelConfig(d_model=16, n_layers=1, n_heads=2), 16)
 
 
 def _reference_trace(cfg: Config) -> list[float]:
@@ -148,7 +254,7 @@ def test_parameters_reach_the_run_survive_a_checkpoint_and_change_its_output(key
     default, changed = _config(reg, name, {}), _config(reg, name, CHANGED[(key, name)])
     section = getattr(changed, reg.section)
     for k, v in CHANGED[(key, name)].items():  # (a) the value the user typed is the bound one
-        assert getattr(getattr(section.params, k), "value", getattr(section.params, k)) == v
+        assert getattr(getattr(section.params, k), "value", getattr(section.params, k)) == _math_files(v)
     assert _built(reg, changed) == section.params
     from omegaconf import OmegaConf
 

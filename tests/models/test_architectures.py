@@ -164,8 +164,8 @@ def test_peft_adapter_export_reloads_with_equal_logits_after_growth(family, targ
     from prorl_bench.run.export import PEFT_DIR, export_policy
 
     cfg = make_config([*COMMON, f"model.path={checkpoints[family]}", f"adapter.targets={targets}"])
-    policy = load_policy(cfg.model, torch.device("cpu"), list(cfg.adapter.targets))
-    attach_lora(policy, list(cfg.adapter.targets), 4, 8.0, True)
+    policy = load_policy(cfg.model, torch.device("cpu"), list(cfg.adapter.params.targets))
+    attach_lora(policy, list(cfg.adapter.params.targets), 4, 8.0, True)
     grow_rank([policy], 6, seed=1)
     torch.manual_seed(0)
     with torch.no_grad():  # trained-looking adapters: B != 0

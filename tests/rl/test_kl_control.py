@@ -2,13 +2,15 @@
 
 import pytest
 
-from prorl_bench.config import KLControlConfig, KLControlKind
+from prorl_bench.config import AdaptiveKLParams, KLControlConfig, KLControlKind
 from prorl_bench.rl.kl_control import KLController
 
 
 def test_adaptive_kl_controller_direction_and_bounds():
-    cfg = KLControlConfig(kind=KLControlKind.adaptive, target=0.1, horizon=10, beta_min=0.01, beta_max=0.2)
-    ctl = KLController(0.05, cfg)
+    params = {"target": 0.1, "horizon": 10, "beta_min": 0.01, "beta_max": 0.2}  # flat keys kl_ctl.<key>
+    cfg = KLControlConfig(kind=KLControlKind.adaptive, params=params)
+    assert cfg.params == AdaptiveKLParams(**params)
+    ctl = KLController(0.05, cfg.params)
     ctl.update(0.5)
     assert ctl.value == pytest.approx(0.05 * 1.02)  # error clipped at +20%, / horizon
     for _ in range(500):
@@ -24,6 +26,6 @@ def test_adaptive_kl_controller_direction_and_bounds():
     assert ctl.value == v
     ctl.restore()
     assert ctl.value == 0.05
-    fixed = KLController(0.05, KLControlConfig(kind=KLControlKind.fixed))
+    fixed = KLController(0.05, KLControlConfig(kind=KLControlKind.fixed).params)  # fixed takes no parameters
     fixed.update(10.0)
     assert fixed.value == 0.05

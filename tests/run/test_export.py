@@ -57,7 +57,7 @@ def _ids(tok):
 def test_hf_export_reloads_with_equal_logits(impl, targets, tiny_hf_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    adapter = AdapterConfig(kind=AdapterKind.lora, targets=targets, rank=2) if targets else None
+    adapter = AdapterConfig(kind=AdapterKind.lora, params={"targets": targets, "rank": 2}) if targets else None
     model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=impl)
     train(_cfg(model, adapter), tmp_path / "run", tmp_path / "cache", threads=1)
     assert main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
@@ -86,7 +86,7 @@ def test_hf_export_reloads_with_equal_logits(impl, targets, tiny_hf_dir, tmp_pat
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_native_export_reloads_with_equal_logits(lora, tmp_path):
-    adapter = AdapterConfig(kind=AdapterKind.lora, rank=2) if lora else None
+    adapter = AdapterConfig(kind=AdapterKind.lora, params={"rank": 2}) if lora else None
     cfg = _cfg(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32), adapter)
     cfg.warmup.enabled = False
     train(cfg, tmp_path / "run", tmp_path / "cache", threads=1)
@@ -170,7 +170,7 @@ def test_export_at_end_matches_the_final_policy(tiny_hf_dir, tmp_path):
 def test_hf_lora_names_under_impl_fast_fail_loudly(tiny_hf_dir, tmp_path):
     from prorl_bench.config import ConfigError
 
-    adapter = AdapterConfig(kind=AdapterKind.lora, targets=["q_proj", "v_proj"], rank=2)
+    adapter = AdapterConfig(kind=AdapterKind.lora, params={"targets": ["q_proj", "v_proj"], "rank": 2})
     model = ModelConfig(kind=ModelKind.hf_causal_lm, path=str(tiny_hf_dir), impl=HFImpl.fast)
     with pytest.raises(ConfigError, match=r"adapter.targets.*q_proj.*model.impl=hf"):
         train(_cfg(model, adapter), tmp_path / "run", tmp_path / "cache", threads=1)

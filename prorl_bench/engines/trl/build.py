@@ -45,7 +45,7 @@ def grpo_args(cfg: Config, output_dir: Path, completion_budget: int, processes: 
         use_cpu=not cuda,
         bf16=cuda and cfg.hardware.dtype == DType.bf16,
         tf32=cfg.hardware.tf32 if cuda else None,
-        gradient_checkpointing=cfg.engine.gradient_checkpointing,
+        gradient_checkpointing=cfg.engine.params.gradient_checkpointing,
         per_device_train_batch_size=batch // (a.minibatches * processes),
         steps_per_generation=a.minibatches,
         gradient_accumulation_steps=1,
@@ -155,9 +155,9 @@ def bench_reward(task: Task, tok: Any, problems: list[Problem], log: RewardLog) 
 
 def peft_config(cfg: Config) -> Any:
     """PEFT ``LoraConfig`` for adapter=lora (None without adapters)."""
-    d = cfg.adapter
-    if d.kind != AdapterKind.lora:
+    if cfg.adapter.kind != AdapterKind.lora:
         return None
+    d = cfg.adapter.params
     from peft import LoraConfig
 
     return LoraConfig(r=d.rank, lora_alpha=d.alpha, target_modules=list(d.targets), lora_dropout=0.0,

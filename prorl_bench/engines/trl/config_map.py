@@ -27,6 +27,7 @@ from prorl_bench.config import (
     ModelKind,
     NonFinitePolicy,
 )
+from prorl_bench.config.options import PARAMS, SECTIONS
 
 TRL_VERSION = "1.16.0"  # the pinned TRL (pyproject extra ``trl``) the rules were read from
 # the TRL releases the engine and ReferenceResetCallback are tested on: [first, last] (1.16.0 is also the newest
@@ -90,7 +91,6 @@ def _unless(ok: Callable[[Config], bool], why: str) -> Callable[[Config], str | 
 RULES: tuple[Rule, ...] = (
     Rule("engine.name", "`trl` builds `trl.GRPOTrainer` (never a re-implementation)"),
     Rule("engine.gradient_checkpointing", "`gradient_checkpointing` (off: the same work as native)"),
-    Rule("engine.params", "n/a (the trl engine takes no parameters)"),
     # ---- the model
     Rule(
         "model.kind",
@@ -129,7 +129,6 @@ RULES: tuple[Rule, ...] = (
         ),
         "rloo, reinforce_pp_baseline, ...",
     ),
-    Rule("algo.params", "n/a (grpo / dr_grpo take no parameters)"),
     Rule(
         "algo.adv_eps",
         f"TRL divides by std + {TRL_ADV_EPS:g}, hard-coded",
@@ -201,7 +200,6 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("variant.reference", "recompute (A0), cached (A1/C) or none (B) (`engines/trl/trainer.py`)"),
     Rule("variant.resets", "`ReferenceResetCallback` (the bench's triggers and optimizer transforms)"),
-    Rule("variant.params", "n/a (recompute / cached / none take no parameters)"),
     Rule(
         "kl_estimator.name",
         "k3 in the loss: TRL's `per_token_kl`; `kl_estimator.importance_weight` is TRL's `use_bias_correction_kl` "
@@ -223,9 +221,10 @@ RULES: tuple[Rule, ...] = (
         "reward",
     ),
     Rule(
-        "kl_estimator.params.importance_weight",
+        "kl_estimator.importance_weight",
         "TRL's `use_bias_correction_kl` (k3's only parameter; k2 and its k2_mode are refused with k2)",
     ),
+    Rule("kl_estimator.k2_mode", "n/a (kl_estimator=k2 is refused)"),
     Rule("kl_estimator.log_ratio_clamp", "not applied: TRL clamps no log-ratio (equal while |log-ratio| < 20)"),
     Rule("kl_estimator.kl_clamp", "not applied: TRL does not clamp k3 (equal while k3 < 10 per token)"),
     Rule(
@@ -273,14 +272,17 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "adapter.freeze_base",
         "PEFT freezes the base",
-        _unless(lambda c: c.adapter.kind != AdapterKind.lora or c.adapter.freeze_base, "PEFT trains the adapters only"),
+        _unless(
+            lambda c: c.adapter.kind != AdapterKind.lora or c.adapter.params.freeze_base,
+            "PEFT trains the adapters only",
+        ),
         "false with lora",
     ),
     Rule(
         "adapter.reference",
         "the base with adapters disabled; after a reset a frozen `ref` adapter",
         _unless(
-            lambda c: c.adapter.kind != AdapterKind.lora or c.adapter.reference != AdapterReferenceKind.copy,
+            lambda c: c.adapter.kind != AdapterKind.lora or c.adapter.params.reference != AdapterReferenceKind.copy,
             "TRL's PEFT reference is the shared base (adapters disabled or the `ref` adapter), never a copy",
         ),
         "copy with lora",
@@ -368,12 +370,19 @@ def _variant_refusal(c: Config) -> str | None:
 
 
 def leaf_keys(obj: Any = None, prefix: str = "") -> list[str]:
-    """Every leaf key of the root schema (``algo.lr``, ``task.min_len``, ``seed``)."""
+    """Every key a config may set (``algo.lr``, ``task.min_len``, ``seed``): the schema's leaves, and in each
+    option section every registered option's parameters as the flat keys a user types (``reset.every``,
+    ``adapter.rank``), whichever option the schema's default selects."""
     obj = Config() if obj is None else obj
     out = []
     for f in fields(obj):
         val = getattr(obj, f.name)
-        out += leaf_keys(val, f"{prefix}{f.name}.") if is_dataclass(val) else [f"{prefix}{f.name}"]
+        if f.name == PARAMS and prefix.rstrip(".") in SECTIONS:
+            reg = SECTIONS[prefix.rstrip(".")]
+            keys = {p.name for n in reg.names() if (cls := reg.params_class(n)) is not None for p in fields(cls)}
+            out += [f"{prefix}{k}" for k in sorted(keys)]
+        else:
+            out += leaf_keys(val, f"{prefix}{f.name}.") if is_dataclass(val) else [f"{prefix}{f.name}"]
     return out
 
 
