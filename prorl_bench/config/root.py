@@ -303,4 +303,6 @@ class UnusedOptionKeyWarning(UserWarning):
 
 
 # Keys a named grid adds at the top level through `+group=option` (content packaged _global_).
-GRID_KEYS = {"sweep", "arm", "kl_setup"}
+# stratum_beta / arm_beta: a stratified grid's beta and an arm's own (sweeps/sweep/prolonged.yaml sets
+# algo.beta: ${oc.select:arm_beta,${stratum_beta}})
+GRID_KEYS = {"sweep", "arm", "kl_setup", "stratum_beta", "arm_beta"}

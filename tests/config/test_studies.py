@@ -127,3 +127,23 @@ def test_a_run_on_a_seed_outside_its_block_is_refused():
     to_config(_compose(["+sweep=reset_semantics", "study.block=confirm", "seed=16"]))
     with pytest.raises(ConfigError, match="seed=3 is not in study block 'confirm'"):
         to_config(_compose(["+sweep=reset_semantics", "study.block=confirm", "seed=3"]))
+
+
+@pytest.mark.parametrize("name,stratum", [("prolonged", 0.5), ("prolonged_low", 0.1)])
+def test_each_prolonged_arm_runs_at_its_own_beta_in_one_sweep_directory(name, stratum):
+    """The jobs as the sweeper composes them (its +prolonged_arm=... before the command line's +sweep=...):
+    every arm runs at the stratum's beta except the beta0 control, which runs at 0. (The first explore
+    block's beta0 arm set algo.beta itself, the sweep file set it again afterwards, and it ran at 0.5:
+    16 runs identical to A1's.) Every job's sweep directory is the stratum's, whatever its arm's beta."""
+    jobs = plan_jobs([f"+sweep={name}"]) + (
+        [["+prolonged_arm=beta0", "seed=0", f"+sweep={name}"]] if name != "prolonged" else []
+    )
+    seen = {}
+    for job in jobs:
+        arm = next(o.split("=", 1)[1] for o in job if o.startswith("+prolonged_arm="))
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(job), return_hydra_config=True)
+        assert f"/beta{stratum}/" in cfg.hydra.sweep.dir, (arm, cfg.hydra.sweep.dir)
+        seen[arm] = to_config(_compose(list(job))).algo.beta
+    assert seen.pop("beta0") == 0.0
+    assert set(seen.values()) == {stratum} and "A1" in seen and "B" in seen
