@@ -24,7 +24,7 @@ from prorl_bench.config.run import CheckpointConfig, EvalConfig, ExportConfig, G
 from prorl_bench.config.study import StudyConfig
 from prorl_bench.config.task import TaskConfig
 from prorl_bench.registry import ConfigError
-from prorl_bench.searchpath import register_resolvers
+from prorl_bench.searchpath import CONF_DIR, register_resolvers
 
 _require = registry.require  # ConfigError "invalid config value key=value: allowed ..." unless ok
 
@@ -279,9 +279,12 @@ def _keep_selected(section: dict[str, Any], reg: registry.Registry) -> None:
     if unused:
         keys = ", ".join(f"{reg.section}.{k}={v}" for k, v in unused.items())
         takes = "; ".join(f"{reg.section}.{k} is a parameter of {', '.join(owners[k])}" for k in unused)
+        owner = owners[next(iter(unused))][0]
+        select = (
+            f"{reg.section}={owner}" if (CONF_DIR / reg.section / f"{owner}.yaml").is_file() else f"{reg.key}={owner}"
+        )
         warnings.warn(
-            f"{keys} has no effect: {reg.section}.{reg.selector}={name} ({takes}; select it: "
-            f"{reg.section}={owners[next(iter(unused))][0]})",
+            f"{keys} has no effect: {reg.section}.{reg.selector}={name} ({takes}; select it: {select})",
             UnusedOptionKeyWarning,
             stacklevel=2,
         )

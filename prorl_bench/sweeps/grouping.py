@@ -163,12 +163,18 @@ def _study_node(run: RunRecord) -> dict[str, Any] | None:
 
 
 def read_study(sweep: Sweep) -> tuple[StudyConfig | None, list[str]]:
-    """The study the runs declare (one for all of them, blocks aside), or None with a note saying why."""
-    nodes = {}
+    """The study the runs declare (one for all of them, blocks aside), or None with a note saying why.
+
+    Blocks aside: a block may be extended after its first sweep (more seeds, as the seed plan asks), so
+    runs may record different ``blocks`` extents. They are one study when everything else is equal, no
+    seed ran in two blocks, and one of the recorded declarations holds every run's seed in that run's
+    block; that declaration (the widest) is the study's, and a note says the blocks were extended."""
+    nodes, extents = {}, {}
     for run in sweep.runs:
         node = _study_node(run)
         if node is not None:
-            node = {k: v for k, v in node.items() if k != "block"}
+            extents.setdefault(json.dumps(node["blocks"], sort_keys=True), run)
+            node = {k: v for k, v in node.items() if k not in ("block", "blocks")}
             nodes.setdefault(json.dumps(node, sort_keys=True), run)
     if not nodes:
         return None, []
@@ -177,9 +183,31 @@ def read_study(sweep: Sweep) -> tuple[StudyConfig | None, list[str]]:
                       "every comparison is descriptive"]  # fmt: skip
     text, run = next(iter(nodes.items()))
     try:
-        return study_from_dict({**json.loads(text), "block": run_block(run)}), []
+        declared = [study_from_dict({**json.loads(text), "blocks": json.loads(b), "block": run_block(run)})
+                    for b in extents]  # fmt: skip
     except ConfigError as e:
         raise SweepDirError(f"{run.run_dir}: config_resolved.yaml: {e}") from e
+    if len(declared) == 1:
+        return declared[0], []
+    return _extended_study(sweep, declared)
+
+
+def _extended_study(sweep: Sweep, declared: list[StudyConfig]) -> tuple[StudyConfig | None, list[str]]:
+    """The declaration that holds every run's seed in its own block, when no seed ran in two blocks."""
+    ran: dict[int, set[str]] = {}
+    for run in sweep.runs:
+        seed = run.config.get("seed")
+        if _study_node(run) is not None and seed is not None:
+            ran.setdefault(int(seed), set()).add(run_block(run))
+    twice = sorted(s for s, blocks in ran.items() if len(blocks) > 1)
+    fits = [d for d in declared if all(b in d.blocks and s in d.seeds(b) for s, blocks in ran.items() for b in blocks)]
+    if twice or not fits:
+        why = f"seeds {twice} ran in two blocks" if twice else "no recorded declaration holds every run's seed"
+        return None, [f"the runs declare different seed blocks and {why}: every comparison is descriptive"]
+    study = max(fits, key=lambda d: sum(len(d.seeds(b)) for b in d.blocks))
+    extents = "; ".join(f"{b}: {study.blocks[b]}" for b in study.blocks)
+    return study, [f"the runs record different seed blocks (a block was extended); the study's are {extents}, "
+                   "which hold every run's seed in its own block"]  # fmt: skip
 
 
 def group_table(runs: pd.DataFrame, group_keys: Sequence[str]) -> pd.DataFrame:

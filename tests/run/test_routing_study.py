@@ -264,7 +264,6 @@ def test_the_warm_up_shows_both_forms_of_the_hack():
         (["adapter=dual_lora", "detector=reward_field", "route.use=filter"], "route.use='filter'"),
         (["adapter=lora", "detector=reward_field"], "detector='reward_field'"),
         (["adapter=lora", "detector=reward_field", "route.use=penalize", "route.advantages=split"], "route.advantages"),
-        (["adapter=lora", "detector=reward_field", "route.use=filter", "route.penalty=1"], "route.penalty"),
         (["adapter=dual_lora", "detector=reward_field", "detector.recall=1.5"], "detector.recall=1.5"),
         (["adapter=dual_lora", "detector=reward_field", "detector.miss_pattern='('"], "detector.miss_pattern"),
         (
@@ -276,6 +275,21 @@ def test_the_warm_up_shows_both_forms_of_the_hack():
 def test_routing_config_is_checked(overrides, match):
     with pytest.raises(ConfigError, match=match):
         make_config(overrides)
+
+
+def test_a_penalty_without_penalize_is_said_to_have_no_effect():
+    """route.penalty is route.use=penalize's parameter: with another use it is not read, and the run says so
+    (as reset.every with reset=none), so a grid over uses may carry it."""
+    from prorl_bench.config.root import UnusedOptionKeyWarning
+
+    with pytest.warns(
+        UnusedOptionKeyWarning,
+        match=r"route.penalty=1 has no effect: route.use=filter .*select it: route.use=penalize\)",
+    ):
+        cfg = make_config(["adapter=lora", "detector=reward_field", "route.use=filter", "route.penalty=1"])
+    assert cfg.route.params is None
+    with pytest.raises(ConfigError, match=r"route.penalty=-1.0: allowed null or >= 0"):
+        make_config(["adapter=lora", "detector=reward_field", "route.use=penalize", "route.penalty=-1"])
 
 
 def test_penalize_needs_a_bonus_or_a_penalty():

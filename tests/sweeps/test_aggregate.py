@@ -541,3 +541,38 @@ def test_curve_rules_are_columns_of_the_runs_and_groups_tables(tmp_path):
     assert math.isnan(a1["curve_collapse_events"])  # no entropy logged
     assert all(math.isnan(b[m]) for m in ("val_pass1_auc", "curve_plateaued", "curve_slope_last"))
     assert _group(res, "C")["curve_steps_to_plateau_mean"] == 160
+
+
+def _write_declared(d, seeds, effects, block, blocks):
+    """As _write_study_sweep, with the seed blocks the runs record."""
+    for seed in seeds:
+        level = 0.3 + 0.05 * (seed % 7)
+        for arm, effect in effects.items():
+            cfg = {**_cfg(seed), "study": {**STUDY, "blocks": blocks, "block": block}}
+            write_run(
+                d, [f"opt_reset={arm}", f"seed={seed}"] + ([f"study.block={block}"] if block != "explore" else []),
+                metrics=metric_rows([level] * 5 + [level + effect(seed)] * 5), summary=OK, config=cfg,
+            )  # fmt: skip
+
+
+def test_an_extended_block_is_one_study_with_the_widest_declaration(tmp_path):
+    """Explore first ran seeds 0-7 (blocks 0-7 / 8-15); the seed plan asked for 10, so seeds 8-9 ran as
+    explore and confirm as 10-19 under blocks 0-9 / 10-19. One study: explore has n = 10 and hard's exact
+    p is 2/1024 (below 2/256, the floor at n = 8), the declaration is the widest, and a note says so. A seed
+    that ran in two blocks makes every comparison descriptive."""
+    old = {"explore": "range(0,8)", "confirm": "range(8,16)"}
+    new = {"explore": "range(0,10)", "confirm": "range(10,20)"}
+    effects = {"keep": lambda s: 0.0, "hard": lambda s: -0.1}
+    _write_declared(tmp_path / "e1", range(8), effects, "explore", old)
+    _write_declared(tmp_path / "e2", range(8, 10), effects, "explore", new)
+    _write_declared(tmp_path / "c", range(10, 20), effects, "confirm", new)
+    res = agg.aggregate([tmp_path / "e1", tmp_path / "e2", tmp_path / "c"], tmp_path / "out", figures=False)
+    hard = res.comparisons[(res.comparisons["group"] == "hard") & (res.comparisons["metric"] == "success_final")]
+    assert set(hard["block"]) == {"explore", "confirm"} and set(hard["n"]) == {10}
+    assert list(hard["p"]) == pytest.approx([2 / 1024] * 2) and set(hard["verdict"]) == {"different"}
+    assert "a block was extended" in res.markdown and "explore: range(0,10)" in res.markdown
+    # a seed in two blocks: the old declaration's confirm seed 8 next to the new explore seed 8
+    _write_declared(tmp_path / "c_old", [8], effects, "confirm", old)
+    res = agg.aggregate([tmp_path / "e1", tmp_path / "e2", tmp_path / "c_old"], tmp_path / "out2", figures=False)
+    assert "seeds [8] ran in two blocks" in res.markdown
+    assert "primary" not in set(res.comparisons["family"])  # no verdicts: every comparison descriptive
