@@ -170,10 +170,13 @@ def read_study(sweep: Sweep) -> tuple[StudyConfig | None, list[str]]:
     seed ran in two blocks, and one of the recorded declarations holds every run's seed in that run's
     block; that declaration (the widest) is the study's, and a note says the blocks were extended."""
     nodes, extents = {}, {}
+    ran: dict[int, set[str]] = {}  # seed -> the blocks it ran in
     for run in sweep.runs:
         node = _study_node(run)
         if node is not None:
             extents.setdefault(json.dumps(node["blocks"], sort_keys=True), run)
+            if run.config.get("seed") is not None:
+                ran.setdefault(int(run.config["seed"]), set()).add(run_block(run))
             node = {k: v for k, v in node.items() if k not in ("block", "blocks")}
             nodes.setdefault(json.dumps(node, sort_keys=True), run)
     if not nodes:
@@ -189,16 +192,12 @@ def read_study(sweep: Sweep) -> tuple[StudyConfig | None, list[str]]:
         raise SweepDirError(f"{run.run_dir}: config_resolved.yaml: {e}") from e
     if len(declared) == 1:
         return declared[0], []
-    return _extended_study(sweep, declared)
+    return _extended_study(ran, declared)
 
 
-def _extended_study(sweep: Sweep, declared: list[StudyConfig]) -> tuple[StudyConfig | None, list[str]]:
-    """The declaration that holds every run's seed in its own block, when no seed ran in two blocks."""
-    ran: dict[int, set[str]] = {}
-    for run in sweep.runs:
-        seed = run.config.get("seed")
-        if _study_node(run) is not None and seed is not None:
-            ran.setdefault(int(seed), set()).add(run_block(run))
+def _extended_study(ran: dict[int, set[str]], declared: list[StudyConfig]) -> tuple[StudyConfig | None, list[str]]:
+    """The declaration that holds every run's seed in its own block (``ran``: seed -> its blocks), when no
+    seed ran in two blocks."""
     twice = sorted(s for s, blocks in ran.items() if len(blocks) > 1)
     fits = [d for d in declared if all(b in d.blocks and s in d.seeds(b) for s, blocks in ran.items() for b in blocks)]
     if twice or not fits:
