@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--name", default=None, help="with --summary: the study's name (default: the +sweep= of its command)"
     )
+    p.add_argument(
+        "--stratum",
+        default=None,
+        help="with --summary: the stratum's label, for a stratum its command does not name (a sweep file that "
+        "fixes beta=0.5 itself); default: the operating-point overrides of its command",
+    )
     p.add_argument("--docs", action="store_true", help="generate docs/results.md from the committed study summaries")
     p.add_argument(
         "--summaries", type=Path, default=Path("docs/data/studies"), help="with --docs: the summaries' folder"
@@ -73,7 +79,7 @@ def _summary(args: argparse.Namespace) -> int:
         res = aggregate(args.sweep_dir, Path(tmp), figures=False, baseline=args.baseline)
         for w in res.provenance_warnings:
             print(f"{PROG}: WARNING: {w}", file=sys.stderr)
-        path = write_summary(build_summary(res, args.name), args.summary)
+        path = write_summary(build_summary(res, args.name, args.stratum), args.summary)
     print(f"[{PROG}] summary: {path}")
     return 0
 

@@ -106,8 +106,11 @@ def stratum_of(command: str) -> str:
     return " ".join(w for w in words if not w.startswith(_NOT_STRATUM) and "," not in w)
 
 
-def build_summary(res: Any, name: str | None = None) -> dict[str, Any]:
-    """The compact summary of an aggregated study (``aggregate.AggregateResult`` with a declared study)."""
+def build_summary(res: Any, name: str | None = None, stratum: str | None = None) -> dict[str, Any]:
+    """The compact summary of an aggregated study (``aggregate.AggregateResult`` with a declared study).
+
+    ``name`` and ``stratum`` label it (default: the ``+sweep=`` of its command and that command's
+    operating-point overrides)."""
     if res.study is None:
         raise SummaryError("these runs declare no study: a summary needs the study's question and endpoints")
     study: StudyConfig = res.study
@@ -138,7 +141,7 @@ def build_summary(res: Any, name: str | None = None) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "study": name or _study_name(command),
-        "stratum": stratum_of(command),
+        "stratum": stratum if stratum is not None else stratum_of(command),
         "question": study.question,
         "baseline": study.baseline,
         "primary": [{"metric": e.metric, "direction": e.direction.value, "margin": e.margin} for e in study.primary],

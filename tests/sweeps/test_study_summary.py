@@ -86,6 +86,14 @@ def test_the_summary_names_its_study_and_provenance(blocks, tmp_path):
     assert explore["provenance"]["run_s"] == 24 * 12.5 and explore["provenance"]["started"] == "2026-01-01 00:00 UTC"
 
 
+def test_a_stratum_the_command_does_not_name_is_labelled_from_the_command_line(blocks, tmp_path):
+    out = tmp_path / "s.json"
+    subprocess.run([REPORT, "--summary", str(out), "--name", "prolonged", "--stratum", "beta=0.5", *map(str, blocks)],
+                   cwd=tmp_path, check=True, capture_output=True)  # fmt: skip
+    s = load_summary(out)
+    assert (s["study"], s["stratum"]) == ("prolonged", "beta=0.5")
+
+
 def test_the_stratum_leaves_out_where_and_how_a_sweep_ran():
     cmd = "prorl-bench-sweep +sweep=reset_map algo.lr=1e-3 model=small study.block=confirm hydra.launcher.n_jobs=2"
     cmd += " +arm=a,b"
