@@ -45,6 +45,7 @@ DESCRIPTIVE = (
     "n_resets",
     "ref_tokens_per_step",
     "time_per_step_ms",
+    "ref_share_pct",
     "curve_plateaued",
     "curve_steps_to_plateau",
     "curve_collapse_events",

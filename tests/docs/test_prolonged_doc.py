@@ -36,7 +36,8 @@ def _summary(path: Path) -> Path:
             for arm, v, ms in (("A1", 0.40, 200.0), ("C_keep_K300", c, 205.0), ("C_keep_K100", c - 0.05, 210.0),
                                ("B", 0.9 * c, 150.0 + s)):  # fmt: skip
                 runs.append((block, {"group": arm, "seed": s, "status": "completed",
-                                     "values": {"val_pass1_final": v, "time_per_step_ms": ms}}))  # fmt: skip
+                                     "values": {"val_pass1_final": v, "time_per_step_ms": ms,
+                                                "ref_share_pct": 6.5 if arm == "A1" else 0.0}}))  # fmt: skip
     blocks = {b: {"seeds": [], "paired": {}, "provenance": {}, "runs": [r for bb, r in runs if bb == b]}
               for b in ("explore", "confirm")}  # fmt: skip
     path.write_text(json.dumps({"schema": "prorl-bench/study-summary/1", "study": "prolonged", "stratum": "",
@@ -49,9 +50,14 @@ def test_the_criterion_is_computed_from_the_summary(tmp_path):
         [sys.executable, str(ROOT / "benchmarks" / "prolonged_study.py"), "markdown", "--summary",
          str(_summary(tmp_path / "s.json"))], cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    assert "B final held-out pass@1 / C_keep_K300's | 0.900 [0.900, 0.900] (n=8) | 0.900 [0.900, 0.900] (n=8)" in out
+    ratio = "(ratio of seed-paired means [95% Fieller interval])"
+    assert (
+        f"B final held-out pass@1 / C_keep_K300's {ratio} | 0.900 [0.900, 0.900] (n=8) | 0.900 [0.900, 0.900] (n=8)"
+        in out
+    )
     assert "chosen on the explore block by mean final held-out pass@1: `C_keep_K300`" in out
-    assert "B time per RL step / A1's | 0.767 [" in out  # mean(150 + s) / 200 over seeds 0-7 = 0.7675
+    assert "B time per RL step / A1's (the same) | 0.767 [" in out  # mean(150 + s) / 200 over seeds 0-7 = 0.7675
+    assert "% of its step time (mean [95% t CI]: the most B can save per step) | 6.50 [6.50, 6.50] (n=8) |" in out
 
 
 def _load_study_script():
