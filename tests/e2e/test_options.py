@@ -78,15 +78,25 @@ CHANGED = {
 }
 
 
-def _hf_dir() -> str:
-    """A tiny local Hugging Face model (engine=trl trains HF models), built once per test process."""
+def _scratch() -> Path:
+    """A temporary folder for this test process's shared files, removed when the process exits (the
+    parametrize-time helpers below run outside any fixture, so pytest's tmp_path cannot hold them)."""
+    import atexit
+    import shutil
     import tempfile
 
+    path = Path(tempfile.mkdtemp(prefix="prorl-test-options-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def _hf_dir() -> str:
+    """A tiny local Hugging Face model (engine=trl trains HF models), built once per test process."""
     from prorl_bench.models.tiny_hf import build_tiny_llama
 
     global _HF
     if _HF is None:
-        _HF = str(build_tiny_llama(Path(tempfile.mkdtemp()) / "tiny", hidden_size=32, n_layers=2, n_heads=4))
+        _HF = str(build_tiny_llama(_scratch() / "tiny", hidden_size=32, n_layers=2, n_heads=4))
     return _HF
 
 
@@ -103,7 +113,6 @@ REQUIRED = {
 def _math_files(value: object) -> object:
     """``EXAMPLE`` / ``HELD_OUT`` as files: the shipped example, and a held-out file of questions not in it."""
     import json
-    import tempfile
 
     from prorl_bench.tasks.math_jsonl_task import EXAMPLE
 
@@ -111,7 +120,7 @@ def _math_files(value: object) -> object:
         return str(EXAMPLE)
     if value != "HELD_OUT":
         return value
-    path = Path(tempfile.mkdtemp()) / "held_out.jsonl"
+    path = _scratch() / "held_out.jsonl"
     path.write_text(
         "".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in (101, 202))
     )
