@@ -227,6 +227,38 @@ def secondary_table(summary: dict, data: dict) -> str:
     return markdown_table(header, rows)
 
 
+# Contrasts between arms that the primary family (each arm against A1) does not test: what a reset's source,
+# its optimizer transform, its cadence and dropping the reference change against the plain reset every 300.
+CONTRASTS = (
+    ("C_best_K300", "C_keep_K300"),
+    ("C_hard_K300", "C_keep_K300"),
+    ("C_keep_K100", "C_keep_K300"),
+    ("C_keep_K1000", "C_keep_K300"),
+    ("B", "C_keep_K300"),
+    ("beta0", "C_keep_K300"),
+)
+
+
+def contrasts_table(summary: dict) -> str:
+    """Seed-paired differences between arms (t interval, exact sign-flip p, no multiplicity correction)."""
+    blocks = [b for b in ("explore", "confirm") if b in summary["blocks"]]
+    rows = []
+    for arm, ref in CONTRASTS:
+        for metric, label in (("val_pass1_final", "final pass@1"), ("val_pass1_auc", "pass@1 AUC")):
+            cells = []
+            for b in blocks:
+                x, y = _values(summary["blocks"][b], arm, metric), _values(summary["blocks"][b], ref, metric)
+                seeds = sorted(set(x) & set(y))
+                if not seeds:
+                    cells.append("–")
+                    continue
+                c = stats.paired_comparison([x[s] for s in seeds], [y[s] for s in seeds])
+                sign = "+" if c.diff > 0 else ""
+                cells.append(f"{sign}{fmt_value(c.diff)} [{fmt_value(c.lo)}, {fmt_value(c.hi)}] p={c.p:.2g} (n={c.n})")
+            rows.append([f"{arm} − {ref}", label, *cells])
+    return markdown_table(["contrast", "endpoint", *[f"{b}: Δ [95% CI] p" for b in blocks]], rows)
+
+
 def markdown(summary: dict, data: dict | None = None) -> str:
     blocks = [b for b in ("explore", "confirm") if b in summary["blocks"]]
     best = best_c_arm(summary)
@@ -247,6 +279,11 @@ def markdown(summary: dict, data: dict | None = None) -> str:
         "run's own step time, which load moves far less, and it bounds what dropping the reference can save."
     )
     parts = [markdown_table(header, rows), "", note]
+    arms = {r["group"] for b in summary["blocks"].values() for r in b["runs"]}
+    if any(a in arms and r in arms for a, r in CONTRASTS):
+        parts += ["", "Secondary contrasts between arms (seed-paired; not in the primary family, so no Holm "
+                  "correction and no verdict: read a p near 0.05 as a lead, not a finding):", "",
+                  contrasts_table(summary)]  # fmt: skip
     if data is not None:
         parts += ["", "Secondary endpoints (means over a block's completed seeds unless said; descriptive, no test):",
                   "", secondary_table(summary, data)]  # fmt: skip

@@ -133,3 +133,14 @@ def test_the_committed_study_patch_is_the_one_the_runs_record():
 
     digest = hashlib.sha256((ROOT / "docs" / "data" / "prolonged_study.patch").read_bytes()).hexdigest()
     assert f"`{digest}`" in (ROOT / "docs" / "prolonged.md").read_text()
+
+
+def test_the_secondary_contrasts_are_seed_paired_differences(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "prolonged_study.py"), "markdown", "--summary",
+         str(_summary(tmp_path / "s.json"))], cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    # C_keep_K100 = C_keep_K300 - 0.05 on every seed: the exact sign-flip p of 8 equal signs is 2/256
+    row = "| C_keep_K100 − C_keep_K300 | final pass@1 | -0.050 [-0.050, -0.050] p=0.0078 (n=8) |"
+    assert row + " -0.050 [-0.050, -0.050] p=0.0078 (n=8) |" in out
+    assert "| B − C_keep_K300 | final pass@1 | -0.0" in out  # B = 0.9 x C: about -0.07
