@@ -253,6 +253,9 @@ def contrasts_table(summary: dict) -> str:
                     cells.append("–")
                     continue
                 c = stats.paired_comparison([x[s] for s in seeds], [y[s] for s in seeds])
+                if not c.n:  # no finite pair: nothing to show
+                    cells.append("–")
+                    continue
                 sign = "+" if c.diff > 0 else ""
                 cells.append(f"{sign}{fmt_value(c.diff)} [{fmt_value(c.lo)}, {fmt_value(c.hi)}] p={c.p:.2g} (n={c.n})")
             rows.append([f"{arm} − {ref}", label, *cells])
