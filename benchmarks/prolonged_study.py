@@ -4,7 +4,7 @@
     python benchmarks/prolonged_study.py figure   # docs/data/prolonged_curves.json -> docs/img/prolonged_curves.png
     python benchmarks/prolonged_study.py markdown --summary docs/data/studies/prolonged__beta0.5.json \
         --json docs/data/prolonged_curves.json
-    python benchmarks/prolonged_study.py headline   # the README's sentence
+    python benchmarks/prolonged_study.py headline   # the README's sentences, one per stratum
 
 ``curves`` reads every completed run's held-out curve (``validation.jsonl``), its per-step KL
 (``metrics.jsonl``) and its reset steps, and stores per block and arm (a few kilobytes, committed): the mean
@@ -239,11 +239,22 @@ CONTRASTS = (
 )
 
 
+def _arms(summary: dict) -> set[str]:
+    return {r["group"] for b in summary["blocks"].values() for r in b["runs"]}
+
+
+def _best_c_phrase(summary: dict) -> str:
+    """How the best C arm was chosen: on explore among several, or the stratum's only reset arm."""
+    cs = sorted(a for a in _arms(summary) if a.startswith("C_"))
+    return "chosen on explore" if len(cs) > 1 else "the stratum's only reset arm"
+
+
 def contrasts_table(summary: dict) -> str:
     """Seed-paired differences between arms (t interval, exact sign-flip p, no multiplicity correction)."""
     blocks = [b for b in ("explore", "confirm") if b in summary["blocks"]]
+    arms = _arms(summary)
     rows = []
-    for arm, ref in CONTRASTS:
+    for arm, ref in (c for c in CONTRASTS if set(c) <= arms):  # a stratum without an arm has no row for it
         for metric, label in (("val_pass1_final", "final pass@1"), ("val_pass1_auc", "pass@1 AUC")):
             cells = []
             for b in blocks:
@@ -275,14 +286,18 @@ def markdown(summary: dict, data: dict | None = None) -> str:
         + [_mean_cell(summary["blocks"][b], "A1", "ref_share_pct") for b in blocks],
     ]
     header = ["the plan's criterion"] + [f"{b} block" for b in blocks]
-    note = (
-        f"Best C arm chosen on the explore block by mean final held-out pass@1: `{best}`. Step times were "
-        "measured with two runs sharing the 2-core machine (and other work beside them), so the step-time "
-        "ratio carries the load each arm happened to run under; A1's reference share is a fraction of each "
-        "run's own step time, which load moves far less, and it bounds what dropping the reference can save."
+    chosen = (
+        f"Best C arm chosen on the explore block by mean final held-out pass@1: `{best}`."
+        if _best_c_phrase(summary) == "chosen on explore"
+        else f"`{best}` is this stratum's only C arm."
+    )
+    note = chosen + (
+        " Step times were measured with two runs sharing the 2-core machine (and other work beside them), so the "
+        "step-time ratio carries the load each arm happened to run under; A1's reference share is a fraction of "
+        "each run's own step time, which load moves far less, and it bounds what dropping the reference can save."
     )
     parts = [markdown_table(header, rows), "", note]
-    arms = {r["group"] for b in summary["blocks"].values() for r in b["runs"]}
+    arms = _arms(summary)
     if any(a in arms and r in arms for a, r in CONTRASTS):
         parts += ["", "Secondary contrasts between arms (seed-paired; not in the primary family, so no Holm "
                   "correction and no verdict: read a p near 0.05 as a lead, not a finding):", "",
@@ -302,9 +317,14 @@ def _cell(comp, block: str, arm: str, metric: str = "val_pass1_final") -> str:
     return f"{sign}{fmt_value(r['diff'])} [{fmt_value(r['lo'])}, {fmt_value(r['hi'])}] {r['verdict']}"
 
 
-def headline(summary: dict) -> str:
-    """The README's practitioner sentence, from the summary: the fixed reference's final score, what a reset
-    every K (optimizer state kept) adds on each block, and the plan's B criterion on the confirm block."""
+def headline(summaries: list[dict]) -> str:
+    """The README's practitioner sentences, one per stratum's summary (in the order given)."""
+    return " ".join(_headline(s) for s in summaries)
+
+
+def _headline(summary: dict) -> str:
+    """One stratum's sentence, from its summary: the fixed reference's final score, what a reset every K
+    (optimizer state kept) adds on each block, and the plan's B criterion on the confirm block."""
     comp = comparisons_from_summary(summary)
     blocks = [b for b in ("explore", "confirm") if b in summary["blocks"]]
     beta = summary["stratum"].split("=", 1)[-1] if summary["stratum"] else "?"
@@ -321,7 +341,7 @@ def headline(summary: dict) -> str:
         f"reference ends at held-out pass@1 {a1} (A1; "
         f"{' / '.join(blocks)} block). Resetting the reference to the current policy, optimizer state kept, "
         f"changes the final pass@1 by (difference to A1 [95% CI], verdict) {resets}. With no reference at all "
-        f"(B, KL to π_old) the final pass@1 is {ratio} of the best reset arm's ({best}, chosen on explore; "
+        f"(B, KL to π_old) the final pass@1 is {ratio} of the best reset arm's ({best}, {_best_c_phrase(summary)}; "
         f"{last} block)."
     )
 
@@ -336,7 +356,9 @@ def main() -> None:
     f.add_argument("--json", type=Path, default=Path("docs/data/prolonged_curves.json"))
     f.add_argument("--out", type=Path, default=Path("docs/img/prolonged_curves.png"))
     h = sub.add_parser("headline")
-    h.add_argument("--summary", type=Path, default=Path("docs/data/studies/prolonged__beta0.5.json"))
+    h.add_argument("--summary", type=Path, nargs="+", default=None,
+                   help="the strata's summaries (default: every docs/data/studies/prolonged__beta*.json, "
+                   "highest beta first)")  # fmt: skip
     m = sub.add_parser("markdown")
     m.add_argument("--summary", type=Path, default=Path("docs/data/studies/prolonged__beta0.5.json"))
     m.add_argument("--json", type=Path, default=None, help="the curves (for the secondary endpoints' table)")
@@ -349,7 +371,11 @@ def main() -> None:
         figure(json.loads(args.json.read_text()), args.out)
         print(f"wrote {args.out}")
     elif args.cmd == "headline":
-        print(headline(load_summary(args.summary)))
+        paths = args.summary or sorted(Path("docs/data/studies").glob("prolonged__beta*.json"),
+                                       key=lambda p: -float(p.stem.split("beta", 1)[1]))  # fmt: skip
+        if not paths:
+            raise SystemExit("headline: no docs/data/studies/prolonged__beta*.json here (run from the repo root)")
+        print(headline([load_summary(p) for p in paths]))
     else:
         print(begin_marker(args.summary, args.json))
         data = json.loads(args.json.read_text()) if args.json else None
