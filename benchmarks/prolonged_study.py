@@ -133,7 +133,7 @@ def figure(data: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    blocks = list(data)
+    blocks = sorted(data, key=lambda b: ("explore", "confirm").index(b) if b in ("explore", "confirm") else 2)
     fig, axes = plt.subplots(2, len(blocks), figsize=(7 * len(blocks), 8.5), sharex=True, sharey="row",
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2]})  # fmt: skip
     for col, block in enumerate(blocks):
