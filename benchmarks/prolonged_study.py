@@ -243,18 +243,22 @@ def _arms(summary: dict) -> set[str]:
     return {r["group"] for b in summary["blocks"].values() for r in b["runs"]}
 
 
-def _best_c_phrase(summary: dict) -> str:
-    """How the best C arm was chosen: on explore among several, or the stratum's only reset arm."""
-    cs = sorted(a for a in _arms(summary) if a.startswith("C_"))
-    return "chosen on explore" if len(cs) > 1 else "the stratum's only reset arm"
+def _one_c_arm(summary: dict) -> bool:
+    """Whether the stratum ran a single C arm (then nothing was chosen on explore)."""
+    return sum(a.startswith("C_") for a in _arms(summary)) == 1
+
+
+def _contrasts(summary: dict) -> list[tuple[str, str]]:
+    """The CONTRASTS whose two arms the stratum ran (a stratum without an arm has no row for it)."""
+    arms = _arms(summary)
+    return [c for c in CONTRASTS if set(c) <= arms]
 
 
 def contrasts_table(summary: dict) -> str:
     """Seed-paired differences between arms (t interval, exact sign-flip p, no multiplicity correction)."""
     blocks = [b for b in ("explore", "confirm") if b in summary["blocks"]]
-    arms = _arms(summary)
     rows = []
-    for arm, ref in (c for c in CONTRASTS if set(c) <= arms):  # a stratum without an arm has no row for it
+    for arm, ref in _contrasts(summary):
         for metric, label in (("val_pass1_final", "final pass@1"), ("val_pass1_auc", "pass@1 AUC")):
             cells = []
             for b in blocks:
@@ -287,9 +291,9 @@ def markdown(summary: dict, data: dict | None = None) -> str:
     ]
     header = ["the plan's criterion"] + [f"{b} block" for b in blocks]
     chosen = (
-        f"Best C arm chosen on the explore block by mean final held-out pass@1: `{best}`."
-        if _best_c_phrase(summary) == "chosen on explore"
-        else f"`{best}` is this stratum's only C arm."
+        f"`{best}` is this stratum's only C arm."
+        if _one_c_arm(summary)
+        else f"Best C arm chosen on the explore block by mean final held-out pass@1: `{best}`."
     )
     note = chosen + (
         " Step times were measured with two runs sharing the 2-core machine (and other work beside them), so the "
@@ -297,8 +301,7 @@ def markdown(summary: dict, data: dict | None = None) -> str:
         "each run's own step time, which load moves far less, and it bounds what dropping the reference can save."
     )
     parts = [markdown_table(header, rows), "", note]
-    arms = _arms(summary)
-    if any(a in arms and r in arms for a, r in CONTRASTS):
+    if _contrasts(summary):
         parts += ["", "Secondary contrasts between arms (seed-paired; not in the primary family, so no Holm "
                   "correction and no verdict: read a p near 0.05 as a lead, not a finding):", "",
                   contrasts_table(summary)]  # fmt: skip
@@ -335,13 +338,14 @@ def _headline(summary: dict) -> str:
                        for k, g in ks)  # fmt: skip
     last = blocks[-1]
     best = best_c_arm(summary)
+    chosen = "the stratum's only reset arm" if _one_c_arm(summary) else "chosen on explore"
     ratio = _ratio_cell(summary["blocks"][last], "B", best, "val_pass1_final")
     return (
         f"Over 1,500 steps at β = {beta} (sort_digits with 3–8 digits, the tiny model, lr 1e-4), a fixed "
         f"reference ends at held-out pass@1 {a1} (A1; "
         f"{' / '.join(blocks)} block). Resetting the reference to the current policy, optimizer state kept, "
         f"changes the final pass@1 by (difference to A1 [95% CI], verdict) {resets}. With no reference at all "
-        f"(B, KL to π_old) the final pass@1 is {ratio} of the best reset arm's ({best}, {_best_c_phrase(summary)}; "
+        f"(B, KL to π_old) the final pass@1 is {ratio} of the best reset arm's ({best}, {chosen}; "
         f"{last} block)."
     )
 

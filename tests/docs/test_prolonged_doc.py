@@ -118,14 +118,14 @@ def test_the_study_blocks_and_the_readme_sentences_are_what_the_committed_summar
     each block is what its command prints, and the README's sentences are what ``headline`` prints."""
     script = str(ROOT / "benchmarks" / "prolonged_study.py")
     doc = (ROOT / "docs" / "prolonged.md").read_text()
+    curves_of = {
+        "prolonged__beta0.5.json": "prolonged_curves.json",
+        "prolonged__beta0.1.json": "prolonged_low_curves.json",
+    }
     summaries = sorted((ROOT / "docs" / "data" / "studies").glob("prolonged__beta*.json"))
-    assert [p.name for p in summaries][-1] == "prolonged__beta0.5.json"
+    assert {p.name for p in summaries} == set(curves_of), "a stratum's summary without its curves and doc block"
     for path in summaries:
-        curves = (
-            "docs/data/prolonged_curves.json"
-            if path.name.endswith("0.5.json")
-            else "docs/data/prolonged_low_curves.json"
-        )
+        curves = f"docs/data/{curves_of[path.name]}"
         cmd = [sys.executable, script, "markdown", "--summary", f"docs/data/studies/{path.name}", "--json", curves]
         block = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
         begin, body = block.split("\n", 1)
